@@ -1,0 +1,90 @@
+"""DreamerV3 learning checks on Gymnasium's classic control tasks (CPU).
+
+    python benchmarks/dreamerv3_learning.py --task pendulum --seed 0   # 20,000 rows, "1m", 16 envs, ratio 512
+    python benchmarks/dreamerv3_learning.py --task cartpole --seed 0   # 24,000 rows, same settings
+
+Acceptance (written before any run): Pendulum-v1, final evaluation (10 episodes) >= -300;
+CartPole-v1, mean evaluation of the sampling policy (10 episodes every 2,000 rows) over rows
+12,000-24,000 >= 250. Writes the curve to benchmarks/results/<task>_seed<seed>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.monitor import Monitor
+
+from sb3_worldmodels import DreamerV3
+
+TASKS = {
+    "pendulum": dict(env="Pendulum-v1", rows=20_000, threshold=-300.0, deterministic=False),
+    "cartpole": dict(env="CartPole-v1", rows=24_000, threshold=250.0, deterministic=False),
+}
+PAPER_ERA = dict(model_size="1m", n_envs=16, train_ratio=512, batch_size=16, batch_length=64)
+
+
+class EvalEveryRows(BaseCallback):
+    """Evaluates every ``every`` rows on fresh episodes (the sampling policy, as the reference)."""
+
+    def __init__(self, env_id: str, every: int, episodes: int, deterministic: bool, seed: int) -> None:
+        super().__init__()
+        self.env = Monitor(gym.make(env_id))
+        self.env.reset(seed=10_000 + seed)
+        self.every, self.episodes, self.deterministic = every, episodes, deterministic
+        self.next_at = every
+        self.curve: list[dict] = []
+        self.start = time.time()
+
+    def evaluate(self) -> None:
+        rewards, _ = evaluate_policy(self.model, self.env, n_eval_episodes=self.episodes,
+                                     deterministic=self.deterministic, return_episode_rewards=True)
+        train = [ep["r"] for ep in self.model.ep_info_buffer]
+        point = {"rows": self.num_timesteps, "eval_mean": float(np.mean(rewards)),
+                 "train_mean": float(np.mean(train)) if train else None,
+                 "updates": self.model._n_updates, "seconds": round(time.time() - self.start, 1)}
+        self.curve.append(point)
+        print(json.dumps(point), flush=True)
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps >= self.next_at:
+            self.next_at += self.every
+            self.evaluate()
+        return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--task", choices=TASKS, default="pendulum")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rows", type=int, default=None)
+    args = parser.parse_args()
+    task = TASKS[args.task]
+    rows = args.rows or task["rows"]
+    model = DreamerV3(task["env"], seed=args.seed, **PAPER_ERA)
+    callback = EvalEveryRows(task["env"], 2_000, 10, task["deterministic"], args.seed)
+    start = time.time()
+    model.learn(rows, callback=callback)
+    if not callback.curve or callback.curve[-1]["rows"] < model.num_timesteps:
+        callback.evaluate()
+    if args.task == "pendulum":
+        score = callback.curve[-1]["eval_mean"]
+    else:
+        score = float(np.mean([p["eval_mean"] for p in callback.curve if p["rows"] >= 12_000]))
+    result = {"task": args.task, "seed": args.seed, "rows": model.num_timesteps, "updates": model._n_updates,
+              "wall_seconds": round(time.time() - start, 1), "score": score, "threshold": task["threshold"],
+              "passed": score >= task["threshold"], "settings": PAPER_ERA, "curve": callback.curve}
+    out = Path(__file__).parent / "results" / f"{args.task}_seed{args.seed}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+"""World-model reinforcement learning (DreamerV3, TD-MPC2) as drop-in Stable-Baselines3 algorithms."""
+
+from sb3_worldmodels.common.callbacks import WorldModelCallback
+from sb3_worldmodels.dreamerv3 import DreamerV3, DreamerV3Config
+
+__version__ = "0.1.0"
+__all__ = ["DreamerV3", "DreamerV3Config", "WorldModelCallback", "__version__"]

@@ -1,0 +1,204 @@
+"""Distribution math as pure functions on arrays (categorical, Normal, Bernoulli, symlog-MSE).
+
+Every function takes float32 parameters and reduces over the last axis where stated; callers sum
+or average over any further event or batch axes. Shape symbols: C classes, A action dims.
+References: ``specs/dreamerv3.md`` §3.5, §3.7, §4.2, §5, §7.1, §9.5.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from sb3_worldmodels.blocks.math import symlog
+
+Array = jax.Array
+ArrayLike = jax.typing.ArrayLike
+
+__all__ = [
+    "bernoulli_log_prob",
+    "categorical_entropy",
+    "categorical_kl",
+    "categorical_log_prob",
+    "free_nats",
+    "normal_entropy",
+    "normal_head",
+    "normal_log_prob",
+    "normal_sample",
+    "onehot_mode",
+    "straight_through_onehot",
+    "symlog_mse_log_prob",
+    "unimix_logits",
+]
+
+HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+"""½·ln(2π), the normalising constant of a unit Normal's log density."""
+
+SYMLOG_MSE_TOL = 1e-8
+"""Squared errors below this are treated as exactly zero by :func:`symlog_mse_log_prob`."""
+
+
+# --------------------------------------------------------------------------------------------
+# Categorical (one-hot) distributions over the last axis
+# --------------------------------------------------------------------------------------------
+
+
+def unimix_logits(logits: ArrayLike, mix: float) -> Array:
+    """log((1 − mix)·softmax(logits) + mix/C): mix a uniform distribution into the probabilities.
+
+    Args:
+        logits: (..., C) float32.
+        mix: uniform fraction (0.01 in DreamerV3); 0 returns the normalised log-probabilities.
+
+    Returns:
+        (..., C) float32 normalised log-probabilities.
+    """
+    logits = jnp.asarray(logits, jnp.float32)
+    if mix == 0.0:
+        return jax.nn.log_softmax(logits, axis=-1)
+    probs = jax.nn.softmax(logits, axis=-1)
+    probs = (1.0 - mix) * probs + mix / logits.shape[-1]
+    return jnp.log(probs)
+
+
+def categorical_kl(logits_q: ArrayLike, logits_p: ArrayLike) -> Array:
+    """KL(q ‖ p) = Σ_c q_c·(log q_c − log p_c) of two categoricals, summed over the last axis.
+
+    Both inputs are renormalised with ``log_softmax``. For DreamerV3's dyn/rep losses apply
+    ``jax.lax.stop_gradient`` to one side, sum over the S latents, then :func:`free_nats`.
+
+    Args:
+        logits_q: (..., C) float32.
+        logits_p: (..., C) float32.
+
+    Returns:
+        (...) float32, one KL per latent.
+    """
+    logq = jax.nn.log_softmax(jnp.asarray(logits_q, jnp.float32), axis=-1)
+    logp = jax.nn.log_softmax(jnp.asarray(logits_p, jnp.float32), axis=-1)
+    return jnp.sum(jnp.exp(logq) * (logq - logp), axis=-1)
+
+
+def free_nats(kl: ArrayLike, free: float) -> Array:
+    """max(kl, free) elementwise: KL values below ``free`` nats give no gradient (§3.7)."""
+    return jnp.maximum(jnp.asarray(kl, jnp.float32), free)
+
+
+def categorical_entropy(logits: ArrayLike) -> Array:
+    """−Σ_c p_c·log p_c over the last axis; (..., C) → (...)."""
+    logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+def categorical_log_prob(logits: ArrayLike, onehot: ArrayLike) -> Array:
+    """Σ_c onehot_c·log_softmax(logits)_c; (..., C), (..., C) → (...)."""
+    logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+    return jnp.sum(jnp.asarray(onehot, jnp.float32) * logp, axis=-1)
+
+
+def straight_through_onehot(key: Array, logits: ArrayLike) -> Array:
+    """Sample a one-hot with straight-through gradients: onehot + (p − sg(p)) (§9.5).
+
+    The forward value is exactly the sampled one-hot (the bracket is exactly 0); the gradient
+    w.r.t. the logits is that of the probabilities p = softmax(logits).
+
+    Args:
+        key: PRNG key.
+        logits: (..., C) float32.
+
+    Returns:
+        (..., C) float32.
+    """
+    logits = jnp.asarray(logits, jnp.float32)
+    index = jax.random.categorical(key, logits, axis=-1)
+    onehot = jax.nn.one_hot(index, logits.shape[-1], dtype=jnp.float32)
+    probs = jax.nn.softmax(logits, axis=-1)
+    return onehot + (probs - jax.lax.stop_gradient(probs))
+
+
+def onehot_mode(logits: ArrayLike) -> Array:
+    """One-hot of argmax(logits) (no gradient); (..., C) → (..., C) float32."""
+    logits = jnp.asarray(logits)
+    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# Independent Normal over the last axis (continuous actor, §7.1)
+# --------------------------------------------------------------------------------------------
+
+
+def normal_head(
+    out_pre: ArrayLike, std_pre: ArrayLike, minstd: float = 0.1, maxstd: float = 1.0
+) -> tuple[Array, Array]:
+    """DreamerV3 continuous actor head: mean = tanh(out), std = (max − min)·σ(std_pre + 2) + min.
+
+    Args:
+        out_pre: (..., A) float32 mean pre-activations.
+        std_pre: (..., A) float32 std pre-activations.
+
+    Returns:
+        (mean, std), each (..., A) float32; std lies in [minstd, maxstd].
+    """
+    mean = jnp.tanh(jnp.asarray(out_pre, jnp.float32))
+    std = (maxstd - minstd) * jax.nn.sigmoid(jnp.asarray(std_pre, jnp.float32) + 2.0) + minstd
+    return mean, std
+
+
+def normal_log_prob(mean: ArrayLike, std: ArrayLike, x: ArrayLike) -> Array:
+    """Σ_last [−½((x − μ)/σ)² − log σ − ½ log 2π]; (..., A) × 3 → (...)."""
+    mean = jnp.asarray(mean, jnp.float32)
+    std = jnp.asarray(std, jnp.float32)
+    z = (jnp.asarray(x, jnp.float32) - mean) / std
+    return jnp.sum(-0.5 * jnp.square(z) - jnp.log(std) - HALF_LOG_2PI, axis=-1)
+
+
+def normal_entropy(std: ArrayLike) -> Array:
+    """Σ_last [½ + ½ log 2π + log σ]; (..., A) → (...)."""
+    std = jnp.asarray(std, jnp.float32)
+    return jnp.sum(0.5 + HALF_LOG_2PI + jnp.log(std), axis=-1)
+
+
+def normal_sample(key: Array, mean: ArrayLike, std: ArrayLike) -> Array:
+    """Reparameterised sample μ + σ·ε, ε ~ N(0, 1); (..., A) → (..., A). Not squashed."""
+    mean = jnp.asarray(mean, jnp.float32)
+    return mean + jnp.asarray(std, jnp.float32) * jax.random.normal(key, mean.shape, jnp.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# Bernoulli (continue head, §5) and symlog MSE (vector decoder, §4.2)
+# --------------------------------------------------------------------------------------------
+
+
+def bernoulli_log_prob(logits: ArrayLike, labels: ArrayLike) -> Array:
+    """labels·log σ(l) + (1 − labels)·log σ(−l), elementwise; soft labels allowed.
+
+    Computed with ``log_sigmoid`` so that large |logits| stay finite.
+
+    Args:
+        logits: (...) float32.
+        labels: (...) float32 in [0, 1] (DreamerV3 uses (1 − is_terminal)·(1 − 1/333)).
+
+    Returns:
+        (...) float32.
+    """
+    logits = jnp.asarray(logits, jnp.float32)
+    labels = jnp.asarray(labels, jnp.float32)
+    return labels * jax.nn.log_sigmoid(logits) + (1.0 - labels) * jax.nn.log_sigmoid(-logits)
+
+
+def symlog_mse_log_prob(pred_symlog: ArrayLike, target: ArrayLike) -> Array:
+    """−Σ_last (pred − symlog(target))², with squared errors below 1e-8 set to 0.
+
+    Args:
+        pred_symlog: (..., D) float32 prediction in symlog space (its mean is symexp(pred)).
+        target: (..., D) float32 raw target.
+
+    Returns:
+        (...) float32.
+    """
+    pred = jnp.asarray(pred_symlog, jnp.float32)
+    sq = jnp.square(pred - symlog(jnp.asarray(target, jnp.float32)))
+    sq = jnp.where(sq < SYMLOG_MSE_TOL, 0.0, sq)
+    return -jnp.sum(sq, axis=-1)

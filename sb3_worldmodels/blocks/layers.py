@@ -1,0 +1,261 @@
+"""flax.linen layers shared by the world models: fan-in init, RMSNorm, dense and block-linear layers.
+
+Parameter names mirror the reference state names (``<layer>/kernel``, ``<layer>/bias``,
+``<layer>/norm/scale``), so a reference checkpoint maps onto the flax tree one to one.
+Parameters are float32; ``dtype`` is the compute dtype (float32 by default). References:
+``specs/dreamerv3.md`` §2, §8.2 and ``specs/tdmpc2.md`` §2.1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+Initializer = Callable[[Array, Sequence[int], Any], Array]
+
+__all__ = [
+    "MLP",
+    "TRUNC_NORMAL_STD_CORRECTION",
+    "BlockLinear",
+    "Dense",
+    "NormedDense",
+    "RMSNorm",
+    "get_act",
+    "layer_norm",
+    "mish",
+    "simnorm",
+    "trunc_normal_fan_in",
+]
+
+TRUNC_NORMAL_STD_CORRECTION = 1.1368
+"""≈ 1/0.8796, the std of a standard normal truncated to [−2, 2]; undoes the truncation (§8.2)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Initialiser and activations
+# --------------------------------------------------------------------------------------------
+
+
+def trunc_normal_fan_in(outscale: float = 1.0, fan_in_axes: Sequence[int] | None = None) -> Initializer:
+    """Truncated N(0, 1) on [−2, 2] × 1.1368 × sqrt(1/fan_in) × outscale (DreamerV3 §8.2).
+
+    The effective std is ``outscale / sqrt(fan_in)``; ``outscale == 0`` gives exact zeros.
+
+    Args:
+        outscale: multiplier of the std (1.0 hidden layers, 0.01 actor outputs, 0.0 reward and
+            critic outputs, 0.1 vector-decoder outputs).
+        fan_in_axes: kernel axes whose sizes multiply to fan-in. Default: every axis but the last,
+            which covers a dense kernel (I, O) → I, a block kernel (G, I/G, O/G) → I and a conv
+            kernel (k, k, I, O) → k·k·I.
+
+    Returns:
+        A flax initializer ``init(key, shape, dtype) -> array``.
+    """
+
+    def init(key: Array, shape: Sequence[int], dtype: Any = jnp.float32) -> Array:
+        shape = tuple(shape)
+        if outscale == 0.0:
+            return jnp.zeros(shape, dtype)
+        axes = range(len(shape) - 1) if fan_in_axes is None else fan_in_axes
+        fan_in = int(np.prod([shape[a] for a in axes]))
+        std = TRUNC_NORMAL_STD_CORRECTION * math.sqrt(1.0 / fan_in) * outscale
+        return (jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32) * std).astype(dtype)
+
+    return init
+
+
+def mish(x: Array) -> Array:
+    """x·tanh(softplus(x)), TD-MPC2's activation (not the same as SiLU)."""
+    return x * jnp.tanh(jax.nn.softplus(x))
+
+
+_ACTS: dict[str, Callable[[Array], Array]] = {
+    "none": lambda x: x,
+    "silu": jax.nn.silu,
+    "mish": mish,
+    "relu": jax.nn.relu,
+    "elu": jax.nn.elu,
+    "tanh": jnp.tanh,
+    "sigmoid": jax.nn.sigmoid,
+}
+
+
+def get_act(name: str | None) -> Callable[[Array], Array]:
+    """Activation by name: none, silu, mish, relu, elu, tanh, sigmoid (None means none)."""
+    key = "none" if name is None else name
+    if key not in _ACTS:
+        raise KeyError(f"unknown activation {name!r}; choose from {sorted(_ACTS)}")
+    return _ACTS[key]
+
+
+def simnorm(x: Array, dim: int = 8) -> Array:
+    """TD-MPC2 SimNorm: softmax within consecutive groups of ``dim`` features of the last axis.
+
+    Args:
+        x: (..., L) with L divisible by ``dim``.
+
+    Returns:
+        (..., L); each group of ``dim`` outputs sums to 1.
+    """
+    shape = x.shape
+    if shape[-1] % dim:
+        raise ValueError(f"last axis {shape[-1]} is not divisible by simnorm dim {dim}")
+    groups = x.reshape(*shape[:-1], shape[-1] // dim, dim)
+    return jax.nn.softmax(groups, axis=-1).reshape(shape)
+
+
+def layer_norm(name: str | None = None, eps: float = 1e-5) -> nn.LayerNorm:
+    """flax LayerNorm with PyTorch's eps 1e-5 (flax defaults to 1e-6), for TD-MPC2 (§10 item 1)."""
+    return nn.LayerNorm(epsilon=eps, name=name)
+
+
+# --------------------------------------------------------------------------------------------
+# Modules
+# --------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """y = x · rsqrt(mean(x², last axis) + eps) · scale; ``scale`` (F,) starts at ones, no offset.
+
+    Input (..., F) → output (..., F) in the input dtype.
+    """
+
+    eps: float = 1e-4
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+        ms = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+        return x * jax.lax.rsqrt(ms + self.eps) * scale.astype(x.dtype)
+
+
+def _make_norm(norm: str, name: str) -> nn.Module | None:
+    if norm == "rms":
+        return RMSNorm(name=name)
+    if norm == "layer":
+        return layer_norm(name=name)
+    if norm == "none":
+        return None
+    raise KeyError(f"unknown norm {norm!r}; choose from 'rms', 'layer', 'none'")
+
+
+class Dense(nn.Module):
+    """Plain output layer x @ kernel + bias, without norm or activation.
+
+    ``kernel`` (I, units) uses :func:`trunc_normal_fan_in` with ``outscale``; ``bias`` (units,)
+    is zeros. Input (..., I) → output (..., units).
+    """
+
+    units: int
+    outscale: float = 1.0
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        kernel = self.param(
+            "kernel", trunc_normal_fan_in(self.outscale), (x.shape[-1], self.units), jnp.float32
+        )
+        bias = self.param("bias", nn.initializers.zeros, (self.units,), jnp.float32)
+        x = jnp.asarray(x, self.dtype)
+        return x @ kernel.astype(self.dtype) + bias.astype(self.dtype)
+
+
+class NormedDense(nn.Module):
+    """Hidden layer: x @ kernel + bias → norm (submodule ``norm``) → activation (§2.1).
+
+    Params ``{"kernel": (I, units), "bias": (units,), "norm": {"scale": (units,)}}`` for
+    ``norm="rms"``; ``norm="layer"`` gives flax LayerNorm's ``scale``/``bias`` under ``norm``;
+    ``norm="none"`` has no ``norm`` entry. Input (..., I) → output (..., units).
+    """
+
+    units: int
+    act: str = "silu"
+    norm: str = "rms"
+    outscale: float = 1.0
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        kernel = self.param(
+            "kernel", trunc_normal_fan_in(self.outscale), (x.shape[-1], self.units), jnp.float32
+        )
+        bias = self.param("bias", nn.initializers.zeros, (self.units,), jnp.float32)
+        x = jnp.asarray(x, self.dtype)
+        x = x @ kernel.astype(self.dtype) + bias.astype(self.dtype)
+        norm = _make_norm(self.norm, "norm")
+        if norm is not None:
+            x = norm(x)
+        return get_act(self.act)(x)
+
+
+class MLP(nn.Module):
+    """``layers`` × :class:`NormedDense` of width ``units``, named ``f"{prefix}{i}"``.
+
+    Input (..., I) → output (..., units); zero layers return the input unchanged.
+    """
+
+    units: int
+    layers: int
+    prefix: str = "h"
+    act: str = "silu"
+    norm: str = "rms"
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        for i in range(self.layers):
+            x = NormedDense(
+                self.units, act=self.act, norm=self.norm, dtype=self.dtype, name=f"{self.prefix}{i}"
+            )(x)
+        return x
+
+
+class BlockLinear(nn.Module):
+    """Block-diagonal linear layer with G blocks (DreamerV3 §2.4, used by the block GRU).
+
+    The input (..., I) is laid out block-major (block g owns features [g·I'/G, (g+1)·I'/G)); it
+    is zero-padded at the end to I' = G·ceil(I/G), reshaped to (..., G, I'/G), multiplied per
+    block by ``kernel`` (G, I'/G, O/G), flattened block-major to (..., O) and ``bias`` (O,) is
+    added. Then an optional RMSNorm over all O features (``norm/scale``) and the activation.
+    The kernel's fan-in is the full input width I' (not I'/G).
+
+    Input (..., I) → output (..., O) with O = ``units``, which must be divisible by G.
+    """
+
+    units: int
+    blocks: int
+    norm: bool = False
+    act: str = "none"
+    outscale: float = 1.0
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        g = self.blocks
+        if self.units % g:
+            raise ValueError(f"units={self.units} is not divisible by blocks={g}")
+        x = jnp.asarray(x, self.dtype)
+        pad = (-x.shape[-1]) % g
+        if pad:
+            x = jnp.concatenate([x, jnp.zeros((*x.shape[:-1], pad), x.dtype)], axis=-1)
+        in_width = x.shape[-1]
+        kernel = self.param(
+            "kernel",
+            trunc_normal_fan_in(self.outscale),
+            (g, in_width // g, self.units // g),
+            jnp.float32,
+        )
+        bias = self.param("bias", nn.initializers.zeros, (self.units,), jnp.float32)
+        x = x.reshape(*x.shape[:-1], g, in_width // g)
+        x = jnp.einsum("...gi,gio->...go", x, kernel.astype(self.dtype))
+        x = x.reshape(*x.shape[:-2], self.units) + bias.astype(self.dtype)
+        if self.norm:
+            x = RMSNorm(name="norm")(x)
+        return get_act(self.act)(x)

@@ -1,0 +1,237 @@
+"""DreamerV3's optimiser as optax transformations: AGC → LaProp (RMS, then momentum) → −lr → warmup.
+
+``specs/dreamerv3.md`` §10. Each stage is a separate :class:`optax.GradientTransformation` with
+its own NamedTuple state; :func:`laprop` chains them behind ``optax.inject_hyperparams`` so the
+learning rate lives in the optimiser state and can change between updates without recompiling.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+Array = jax.Array
+ArrayLike = jax.typing.ArrayLike
+
+__all__ = [
+    "ScaleByMomentumState",
+    "ScaleByRmsState",
+    "WarmupState",
+    "get_learning_rate",
+    "laprop",
+    "scale_by_agc",
+    "scale_by_momentum_corrected",
+    "scale_by_rms_corrected",
+    "scale_by_warmup",
+    "with_learning_rate",
+]
+
+_INJECT_STATES = tuple(
+    cls
+    for cls in (
+        getattr(optax, "InjectStatefulHyperparamsState", None),
+        getattr(optax, "InjectHyperparamsState", None),
+    )
+    if cls is not None
+)
+
+
+def scale_by_agc(clip: float = 0.3, pmin: float = 1e-3) -> optax.GradientTransformation:
+    """Adaptive gradient clipping per parameter tensor (whole array, not per unit).
+
+    For each leaf: u = ‖g‖₂, p = ‖w‖₂, limit = clip·max(pmin, p), g ← g / max(1, u/limit).
+    Stateless; ``update`` requires ``params``.
+    """
+
+    def init_fn(params: Any) -> optax.EmptyState:
+        del params
+        return optax.EmptyState()
+
+    def update_fn(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
+        if params is None:
+            raise ValueError("scale_by_agc needs the current params in update()")
+
+        def clip_leaf(g: Array, w: Array) -> Array:
+            upd_norm = jnp.linalg.norm(g.reshape(-1))
+            param_norm = jnp.linalg.norm(w.reshape(-1))
+            limit = clip * jnp.maximum(pmin, param_norm)
+            return g * (1.0 / jnp.maximum(1.0, upd_norm / limit))
+
+        return jax.tree_util.tree_map(clip_leaf, updates, params), state
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+class ScaleByRmsState(NamedTuple):
+    """count: () int32, updates seen; nu: EMA of squared updates (raw, not bias-corrected)."""
+
+    count: Array
+    nu: Any
+
+
+def scale_by_rms_corrected(beta2: float = 0.999, eps: float = 1e-20) -> optax.GradientTransformation:
+    """ν ← β₂ν + (1 − β₂)g²;  g ← g / (sqrt(ν / (1 − β₂ᵗ)) + eps), t = count + 1."""
+
+    def init_fn(params: Any) -> ScaleByRmsState:
+        nu = jax.tree_util.tree_map(lambda p: jnp.zeros_like(p, jnp.float32), params)
+        return ScaleByRmsState(count=jnp.zeros((), jnp.int32), nu=nu)
+
+    def update_fn(updates: Any, state: ScaleByRmsState, params: Any = None) -> tuple[Any, ScaleByRmsState]:
+        del params
+        count = optax.safe_increment(state.count)
+        nu = jax.tree_util.tree_map(lambda v, g: beta2 * v + (1.0 - beta2) * jnp.square(g), state.nu, updates)
+        correction = 1.0 - beta2 ** count.astype(jnp.float32)
+        updates = jax.tree_util.tree_map(lambda g, v: g / (jnp.sqrt(v / correction) + eps), updates, nu)
+        return updates, ScaleByRmsState(count=count, nu=nu)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+class ScaleByMomentumState(NamedTuple):
+    """count: () int32, updates seen; mu: EMA of updates (raw, not bias-corrected)."""
+
+    count: Array
+    mu: Any
+
+
+def scale_by_momentum_corrected(beta1: float = 0.9) -> optax.GradientTransformation:
+    """m ← β₁m + (1 − β₁)g;  g ← m / (1 − β₁ᵗ), t = count + 1."""
+
+    def init_fn(params: Any) -> ScaleByMomentumState:
+        mu = jax.tree_util.tree_map(lambda p: jnp.zeros_like(p, jnp.float32), params)
+        return ScaleByMomentumState(count=jnp.zeros((), jnp.int32), mu=mu)
+
+    def update_fn(
+        updates: Any, state: ScaleByMomentumState, params: Any = None
+    ) -> tuple[Any, ScaleByMomentumState]:
+        del params
+        count = optax.safe_increment(state.count)
+        mu = jax.tree_util.tree_map(lambda m, g: beta1 * m + (1.0 - beta1) * g, state.mu, updates)
+        correction = 1.0 - beta1 ** count.astype(jnp.float32)
+        updates = jax.tree_util.tree_map(lambda m: m / correction, mu)
+        return updates, ScaleByMomentumState(count=count, mu=mu)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+class WarmupState(NamedTuple):
+    """count: () int32, optimiser steps taken so far."""
+
+    count: Array
+
+
+def scale_by_warmup(warmup: int = 1000) -> optax.GradientTransformation:
+    """Multiply by clip(count/warmup, 0, 1), with ``count`` read *before* it is incremented.
+
+    So update k (1-based) is scaled by (k − 1)/warmup: the first update is exactly zero and
+    update warmup + 1 is the first at full rate. ``warmup <= 0`` disables the ramp.
+    """
+
+    def init_fn(params: Any) -> WarmupState:
+        del params
+        return WarmupState(count=jnp.zeros((), jnp.int32))
+
+    def update_fn(updates: Any, state: WarmupState, params: Any = None) -> tuple[Any, WarmupState]:
+        del params
+        if warmup > 0:
+            factor = jnp.clip(state.count.astype(jnp.float32) / warmup, 0.0, 1.0)
+            updates = jax.tree_util.tree_map(lambda g: g * factor, updates)
+        return updates, WarmupState(count=optax.safe_increment(state.count))
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _laprop_chain(
+    learning_rate: ArrayLike,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    agc: float,
+    pmin: float,
+    warmup: int,
+) -> optax.GradientTransformation:
+    stages = []
+    if agc > 0:
+        stages.append(scale_by_agc(agc, pmin))
+    stages += [
+        scale_by_rms_corrected(beta2, eps),
+        scale_by_momentum_corrected(beta1),
+        optax.scale_by_learning_rate(learning_rate),
+        scale_by_warmup(warmup),
+    ]
+    return optax.chain(*stages)
+
+
+_injected_laprop = optax.inject_hyperparams(
+    _laprop_chain,
+    static_args=("beta1", "beta2", "eps", "agc", "pmin", "warmup"),
+    hyperparam_dtype=jnp.float32,
+)
+
+
+def laprop(
+    learning_rate: float = 4e-5,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    eps: float = 1e-20,
+    agc: float = 0.3,
+    pmin: float = 1e-3,
+    warmup: int = 1000,
+) -> optax.GradientTransformation:
+    """DreamerV3's optimiser: AGC → RMS scaling → momentum → ×(−lr) → warmup factor.
+
+    Defaults are the reference ``opt`` config (lr 4e-5, eps 1e-20, β₁ 0.9, β₂ 0.999, AGC 0.3 with
+    pmin 1e-3, warmup 1000). ``agc <= 0`` drops the clipping stage. ``update`` needs ``params``.
+
+    The learning rate is the only injected hyperparameter: it is a () float32 array in
+    ``opt_state.hyperparams["learning_rate"]``, so it can change between updates without
+    recompiling. Set it functionally with :func:`with_learning_rate` (which also finds the state
+    inside any larger pytree) or, on a host-side state, by assigning
+    ``opt_state.hyperparams["learning_rate"] = jnp.float32(lr)``. The stage states are in
+    ``opt_state.inner_state`` in chain order, e.g. ``inner_state[1].nu`` and ``inner_state[2].mu``.
+    """
+    return _injected_laprop(
+        learning_rate=learning_rate,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        agc=agc,
+        pmin=pmin,
+        warmup=warmup,
+    )
+
+
+def with_learning_rate(tree: Any, learning_rate: ArrayLike) -> Any:
+    """Return ``tree`` with ``learning_rate`` written into every injected-hyperparameter state.
+
+    ``tree`` may be an optimiser state from :func:`laprop` or any pytree that contains such
+    states (e.g. a whole agent state). The value is stored as a () float32 array, so the jitted
+    update is not retraced. States without a ``learning_rate`` hyperparameter are left unchanged.
+    """
+
+    def is_inject(node: Any) -> bool:
+        return isinstance(node, _INJECT_STATES)
+
+    def set_lr(node: Any) -> Any:
+        if not is_inject(node) or "learning_rate" not in node.hyperparams:
+            return node
+        hyperparams = dict(node.hyperparams)
+        hyperparams["learning_rate"] = jnp.asarray(learning_rate, jnp.float32)
+        return node._replace(hyperparams=hyperparams)
+
+    return jax.tree_util.tree_map(set_lr, tree, is_leaf=is_inject)
+
+
+def get_learning_rate(opt_state: Any) -> Array:
+    """The learning rate stored in the first injected-hyperparameter state found in ``opt_state``."""
+    found = [
+        node.hyperparams["learning_rate"]
+        for node in jax.tree_util.tree_leaves(opt_state, is_leaf=lambda n: isinstance(n, _INJECT_STATES))
+        if isinstance(node, _INJECT_STATES) and "learning_rate" in node.hyperparams
+    ]
+    if not found:
+        raise ValueError("no injected learning_rate found in the given state")
+    return found[0]

@@ -1,0 +1,439 @@
+"""The SB3 shell shared by the world-model agents.
+
+``WorldModelAlgorithm`` subclasses SB3's ``OffPolicyAlgorithm`` so that the logger, callbacks,
+Monitor statistics, ``set_env``/``get_env``, the zip format and ``Algo.load`` are SB3's own. A
+subclass provides the agent: its configuration, its state pytree (held by :class:`JaxPolicy`), one
+jitted acting step, the rows it writes to replay, and one jitted training call.
+
+Collection is overridden (SB3's does not carry a recurrent state per env): every vector step calls
+the agent once for all envs with the episode starts, keeps SB3's callback calls in order, and keeps
+the local names callbacks read (``actions``, ``new_obs``, ``rewards``, ``dones``, ``infos``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.buffers import ReplayBuffer
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EvalCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.her.her_replay_buffer import HerReplayBuffer
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+from stable_baselines3.common.save_util import load_from_zip_file
+from stable_baselines3.common.type_aliases import RolloutReturn, TrainFreq, TrainFrequencyUnit
+from stable_baselines3.common.utils import should_collect_more_steps
+from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
+
+from sb3_worldmodels.common.boundary import ActionAdapter, ObservationAdapter
+from sb3_worldmodels.common.callbacks import WorldModelCallback
+from sb3_worldmodels.common.policy import JaxPolicy
+
+FORMAT_VERSION = 1
+
+
+def _is_env_id(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    if value in ("MlpPolicy", "MultiInputPolicy", "CnnPolicy"):
+        return False
+    if value.startswith("dm_control/"):
+        import shimmy  # noqa: F401  (registers the dm_control ids)
+    return value in gym.registry or ":" in value
+
+
+def _walk_callbacks(callback: BaseCallback | None) -> Iterator[BaseCallback]:
+    if callback is None:
+        return
+    yield callback
+    if isinstance(callback, CallbackList):
+        for child in callback.callbacks:
+            yield from _walk_callbacks(child)
+    for attr in ("callback", "callback_on_new_best", "callback_after_eval"):
+        child = getattr(callback, attr, None)
+        if isinstance(child, BaseCallback) and child is not callback:
+            yield from _walk_callbacks(child)
+
+
+class WorldModelAlgorithm(OffPolicyAlgorithm):
+    """Base class of the JAX world-model agents (see the module docstring)."""
+
+    policy_aliases = {"MlpPolicy": JaxPolicy, "MultiInputPolicy": JaxPolicy}  # noqa: RUF012
+    agent_name = "world model agent"
+    allow_discrete = True
+    default_n_envs = 1
+
+    def __init__(
+        self,
+        policy: Any = "MlpPolicy",
+        env: Any = None,
+        learning_rate: Any = 1e-4,
+        buffer_size: int = 1_000_000,
+        learning_starts: int = 0,
+        batch_size: int = 16,
+        n_envs: int | None = None,
+        policy_kwargs: dict | None = None,
+        stats_window_size: int = 100,
+        tensorboard_log: str | None = None,
+        verbose: int = 0,
+        seed: int | None = None,
+        device: str = "auto",
+        allow_vecnormalize_obs: bool = False,
+        action_noise: Any = None,
+        replay_buffer_class: Any = None,
+        replay_buffer_kwargs: dict | None = None,
+        optimize_memory_usage: bool = False,
+        use_sde: bool = False,
+        _init_setup_model: bool = True,
+    ) -> None:
+        if env is None and (
+            isinstance(policy, (gym.Env, VecEnv, gym.vector.VectorEnv)) or _is_env_id(policy)
+        ):
+            policy, env = "MlpPolicy", policy
+        if action_noise is not None:
+            raise ValueError(
+                f"{self.agent_name} explores with its own policy: action_noise is not supported."
+            )
+        if use_sde:
+            raise ValueError(f"{self.agent_name} does not support use_sde (gSDE).")
+        if optimize_memory_usage:
+            raise ValueError(
+                f"{self.agent_name} keeps its own sequence replay: optimize_memory_usage is not supported."
+            )
+        if replay_buffer_class is not None and issubclass(replay_buffer_class, HerReplayBuffer):
+            raise ValueError(f"{self.agent_name} does not support HerReplayBuffer.")
+        if replay_buffer_class is not None:
+            raise ValueError(
+                f"{self.agent_name} uses its own sequence replay; replay_buffer_class must be None."
+            )
+        self.n_envs_requested = n_envs
+        self.allow_vecnormalize_obs = allow_vecnormalize_obs
+        if isinstance(env, gym.vector.VectorEnv):
+            raise ValueError(
+                "gymnasium.vector.VectorEnv is not an SB3 VecEnv: pass the env id or a make function "
+                "(the agent builds an SB3 VecEnv with n_envs copies), or build an SB3 VecEnv yourself."
+            )
+        if isinstance(env, str):
+            if _is_env_id(env) or env in gym.registry:
+                env = make_vec_env(env, n_envs=n_envs or self.default_n_envs, seed=seed)
+            else:
+                raise ValueError(f"{env!r} is neither a registered Gymnasium env id nor a policy name.")
+        if isinstance(env, (gym.Env, VecEnv)):
+            # Clear errors before SB3's own assertions on the spaces.
+            ObservationAdapter.from_space(env.observation_space, self.agent_name)
+            ActionAdapter.from_space(env.action_space, self.agent_name, self.allow_discrete)
+        self.format_version = FORMAT_VERSION
+        self.algorithm_name = type(self).__name__
+        super().__init__(
+            policy=policy,
+            env=env,
+            learning_rate=learning_rate,
+            buffer_size=buffer_size,
+            learning_starts=learning_starts,
+            batch_size=batch_size,
+            tau=1.0,
+            gamma=0.99,
+            train_freq=(1, "step"),
+            gradient_steps=-1,
+            action_noise=None,
+            replay_buffer_class=None,
+            replay_buffer_kwargs=replay_buffer_kwargs,
+            optimize_memory_usage=False,
+            policy_kwargs=policy_kwargs,
+            stats_window_size=stats_window_size,
+            tensorboard_log=tensorboard_log,
+            verbose=verbose,
+            device="cpu",
+            support_multi_env=True,
+            seed=seed,
+            use_sde=False,
+            sde_support=False,
+            supported_action_spaces=(spaces.Box, spaces.Discrete) if self.allow_discrete else (spaces.Box,),
+        )
+        self.requested_device = device
+        if self.env is not None:
+            self._check_env(self.env)
+        if _init_setup_model:
+            self._setup_model()
+
+    # ------------------------------------------------------------------ set-up
+    def _check_env(self, env: VecEnv) -> None:
+        vec_normalize = unwrap_vec_normalize(env)
+        if vec_normalize is None:
+            return
+        if vec_normalize.norm_reward:
+            raise ValueError(
+                f"{self.agent_name} needs the raw rewards: VecNormalize(norm_reward=True) changes the reward "
+                "the world model learns to predict and the returns it plans or imagines with (the agent "
+                "scales returns itself). Use VecNormalize(norm_reward=False) or no VecNormalize."
+            )
+        if vec_normalize.norm_obs and not self.allow_vecnormalize_obs:
+            raise ValueError(
+                f"{self.agent_name} wants raw observations (it applies its own symlog / normalisation): "
+                "VecNormalize(norm_obs=True) makes the model learn a moving target. Remove VecNormalize, or "
+                "pass allow_vecnormalize_obs=True to train on the normalised observations anyway."
+            )
+        if vec_normalize.norm_obs:
+            warnings.warn(
+                "Training on VecNormalize-normalised observations (allow_vecnormalize_obs=True): the "
+                "world model's targets drift while the statistics move.",
+                stacklevel=3,
+            )
+
+    def set_env(self, env: Any, force_reset: bool = True) -> None:
+        self._check_env(self._wrap_env(env, self.verbose) if not isinstance(env, VecEnv) else env)
+        super().set_env(env, force_reset=force_reset)
+        self._rollout = None
+
+    def _setup_model(self) -> None:
+        self._setup_lr_schedule()
+        self.set_random_seed(self.seed)
+        self.obs_adapter = ObservationAdapter.from_space(self.observation_space, self.agent_name)
+        self.action_adapter = ActionAdapter.from_space(
+            self.action_space, self.agent_name, self.allow_discrete
+        )
+        self.policy = JaxPolicy(self.observation_space, self.action_space)
+        self.policy.state = self._build_state()
+        self._convert_train_freq()
+        self._rollout = None
+        self._predict_calls = 0
+        self._wm_callbacks: list[WorldModelCallback] = []
+        self._eval_callbacks: list[EvalCallback] = []
+
+    def _build_state(self) -> Any:
+        """The agent's initial state pytree (params, optimiser, RNG keys, statistics)."""
+        raise NotImplementedError
+
+    def _excluded_save_params(self) -> list[str]:
+        return [
+            *super()._excluded_save_params(),
+            "obs_adapter",
+            "action_adapter",
+            "_rollout",
+            "_wm_callbacks",
+            "_eval_callbacks",
+        ]
+
+    def _update_learning_rate(self, optimizers: Any) -> None:
+        # The JAX optimiser reads the current rate from the state at every training call.
+        self.logger.record("train/learning_rate", self.current_learning_rate)
+
+    @property
+    def current_learning_rate(self) -> float:
+        return float(self.lr_schedule(self._current_progress_remaining))
+
+    # ------------------------------------------------------------------ save / load
+    def save(self, path: str | os.PathLike | Any, exclude=None, include=None) -> None:
+        """SB3's zip format, written atomically (a temporary file renamed into place)."""
+        if not isinstance(path, (str, os.PathLike)):
+            return super().save(path, exclude=exclude, include=include)
+        target = Path(path)
+        if target.suffix == "":
+            target = target.with_suffix(".zip")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp.zip", dir=target.parent)
+        os.close(fd)
+        try:
+            super().save(tmp, exclude=exclude, include=include)
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+    def save_replay_buffer(self, path: str | os.PathLike | Any) -> None:
+        if self.replay_buffer is None:
+            raise ValueError(
+                "There is no replay buffer to save yet: it is created by the first learn() call."
+            )
+        if not isinstance(path, (str, os.PathLike)):
+            return super().save_replay_buffer(path)
+        target = Path(path)
+        if target.suffix == "":
+            target = target.with_suffix(".pkl")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp.pkl", dir=target.parent)
+        os.close(fd)
+        try:
+            super().save_replay_buffer(tmp)
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+    def load_replay_buffer(self, path: Any, truncate_last_traj: bool = True) -> None:
+        previous = self.replay_buffer
+        try:
+            super().load_replay_buffer(path, truncate_last_traj=truncate_last_traj)
+            self._check_replay_buffer(self.replay_buffer)
+        except Exception:
+            self.replay_buffer = previous
+            raise
+
+    def _check_replay_buffer(self, buffer: ReplayBuffer) -> None:
+        """Raise if ``buffer`` was not written by this agent with these spaces and n_envs."""
+
+    @classmethod
+    def load(
+        cls,
+        path: Any,
+        env: Any = None,
+        device: str = "auto",
+        custom_objects=None,
+        print_system_info=False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ):
+        try:
+            data, _, _ = load_from_zip_file(
+                path, device="cpu", custom_objects=custom_objects, print_system_info=print_system_info
+            )
+        except Exception as error:
+            raise ValueError(f"Could not read {path!r} as an SB3 checkpoint (zip): {error}") from error
+        if data is None:
+            raise ValueError(f"{path!r} holds no SB3 model data.")
+        saved = data.get("algorithm_name")
+        if saved != cls.__name__:
+            raise ValueError(
+                f"{path!r} was saved by {saved or 'another algorithm'}, not {cls.__name__}: load it with "
+                f"{saved or 'that algorithm'}.load()."
+            )
+        return super().load(
+            path,
+            env=env,
+            device="cpu",
+            custom_objects=custom_objects,
+            print_system_info=print_system_info,
+            force_reset=force_reset,
+            **kwargs,
+        )
+
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        return ["policy"], []
+
+    # ------------------------------------------------------------------ learning loop
+    def _setup_learn(
+        self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run", progress_bar=False
+    ):
+        total, callback = super()._setup_learn(
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+        )
+        found = list(_walk_callbacks(callback))
+        self._wm_callbacks = [c for c in found if isinstance(c, WorldModelCallback)]
+        self._eval_callbacks = [c for c in found if isinstance(c, EvalCallback)]
+        return total, callback
+
+    def learn(
+        self,
+        total_timesteps: int,
+        callback=None,
+        log_interval: int = 4,
+        tb_log_name: str | None = None,
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ):
+        return super().learn(
+            total_timesteps,
+            callback=callback,
+            log_interval=log_interval,
+            tb_log_name=tb_log_name or type(self).__name__,
+            reset_num_timesteps=reset_num_timesteps,
+            progress_bar=progress_bar,
+        )
+
+    def _emit_eval_metrics(self) -> None:
+        for ec in self._eval_callbacks:
+            if ec.eval_freq > 0 and ec.n_calls % ec.eval_freq == 0 and self._wm_callbacks:
+                metrics = {"eval/mean_reward": float(ec.last_mean_reward)}
+                if ec.evaluations_length:
+                    metrics["eval/mean_ep_length"] = float(np.mean(ec.evaluations_length[-1]))
+                for cb in self._wm_callbacks:
+                    extra = cb.on_eval_metrics(dict(metrics)) or {}
+                    for key, value in extra.items():
+                        self.logger.record(key, value)
+
+    def collect_rollouts(
+        self,
+        env: VecEnv,
+        callback: BaseCallback,
+        train_freq: TrainFreq,
+        replay_buffer: ReplayBuffer | None,
+        action_noise=None,
+        learning_starts: int = 0,
+        log_interval: int | None = None,
+    ) -> RolloutReturn:
+        """SB3's off-policy collection, with the agent's carried state and its own replay rows."""
+        self.policy.set_training_mode(False)
+        num_collected_steps, num_collected_episodes = 0, 0
+        assert train_freq.unit == TrainFrequencyUnit.STEP
+        callback.on_rollout_start()
+        continue_training = True
+        while should_collect_more_steps(train_freq, num_collected_steps, num_collected_episodes):
+            buffer_actions = self._collect_act(self._last_obs, learning_starts)
+            actions = self.action_adapter.to_env(buffer_actions)
+            new_obs, rewards, dones, infos = env.step(actions)
+            self.num_timesteps += self._rows_in_step(dones)
+            num_collected_steps += 1
+            callback.update_locals(locals())
+            if not callback.on_step():
+                return RolloutReturn(
+                    num_collected_steps * env.num_envs, num_collected_episodes, continue_training=False
+                )
+            self._emit_eval_metrics()
+            self._update_info_buffer(infos, dones)
+            self._collect_observe(new_obs, rewards, dones, infos)
+            self._last_obs = new_obs
+            self._update_current_progress_remaining(self.num_timesteps, self._total_timesteps)
+            self._on_step()
+            for done in dones:
+                if done:
+                    num_collected_episodes += 1
+                    self._episode_num += 1
+                    if log_interval is not None and self._episode_num % log_interval == 0:
+                        self.dump_logs()
+        callback.on_rollout_end()
+        return RolloutReturn(num_collected_steps * env.num_envs, num_collected_episodes, continue_training)
+
+    def _rows_in_step(self, dones: np.ndarray) -> int:
+        """How much ``num_timesteps`` advances for one vector step."""
+        return len(dones)
+
+    def _collect_act(self, last_obs: Any, learning_starts: int) -> np.ndarray:
+        """(n_envs, A) agent-unit actions for the current observations."""
+        raise NotImplementedError
+
+    def _collect_observe(
+        self, new_obs: Any, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+    ) -> None:
+        """Record the step's outcome (replay rows, episode starts, training schedule)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ predict
+    def _predict_batch(self, observation: Any) -> tuple[np.ndarray, bool]:
+        if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict):
+            raise ValueError(
+                "predict() got an (obs, info) tuple: pass only the observation returned by reset()."
+            )
+        vectorized = self.obs_adapter.is_batched(observation)
+        if not vectorized:
+            if isinstance(observation, dict):
+                observation = {k: np.asarray(v)[None] for k, v in observation.items()}
+            else:
+                observation = np.asarray(observation)[None]
+        return self.obs_adapter.flatten(observation), vectorized
+
+    def _log_post_update(self, metrics: dict[str, float]) -> None:
+        for cb in self._wm_callbacks:
+            extra = cb.on_post_update(dict(metrics)) or {}
+            for key, value in extra.items():
+                self.logger.record(key, value)
+
+
+__all__ = ["BaseAlgorithm", "WorldModelAlgorithm"]

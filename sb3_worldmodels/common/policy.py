@@ -1,0 +1,98 @@
+"""The SB3 ``policy`` object of a JAX agent: a tensor adapter around the agent's state pytree.
+
+SB3 saves ``policy.state_dict()`` with ``torch.save`` and loads it with ``weights_only=True``; so
+the JAX state is stored as a flat dict of CPU tensors keyed by the pytree path, and restored into
+the template pytree that the (saved) configuration builds. Keys, shapes and dtypes are checked
+before anything is replaced: a failed load changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.policies import BasePolicy
+
+PREFIX = "state/"
+
+
+def flatten_state(tree: Any) -> dict[str, np.ndarray]:
+    """Pytree -> {path: numpy array}; paths are jax key paths (stable for dicts and NamedTuples)."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(path): np.asarray(jax.device_get(leaf)) for path, leaf in leaves}
+
+
+def restore_state(template: Any, flat: dict[str, np.ndarray], what: str) -> Any:
+    """Fill ``template``'s structure with the arrays of ``flat``; RuntimeError on any mismatch."""
+    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
+    expected = {jax.tree_util.keystr(p): leaf for p, leaf in paths_leaves}
+    missing = sorted(set(expected) - set(flat))
+    extra = sorted(set(flat) - set(expected))
+    if missing or extra:
+        raise RuntimeError(
+            f"The checkpoint does not fit this {what}: {len(missing)} missing and {len(extra)} unexpected "
+            f"entries (e.g. missing {missing[:3]}, unexpected {extra[:3]}). It was saved by another "
+            "algorithm or with different architecture settings (model_size, widths, spaces)."
+        )
+    leaves = []
+    for path, leaf in paths_leaves:
+        key = jax.tree_util.keystr(path)
+        value = np.asarray(flat[key])
+        want_shape = tuple(np.shape(leaf))
+        if value.shape != want_shape:
+            raise RuntimeError(
+                f"The checkpoint does not fit this {what}: {key} has shape {value.shape}, expected "
+                f"{want_shape} (different architecture settings or spaces)."
+            )
+        leaves.append(value.astype(np.asarray(leaf).dtype, copy=False))
+    return jax.tree_util.tree_unflatten(treedef, [jax.numpy.asarray(v) for v in leaves])
+
+
+class JaxPolicy(BasePolicy):
+    """Holds the agent state pytree (``self.state``) for SB3's save/load and parameter API.
+
+    It owns no torch parameters; ``state_dict``/``load_state_dict`` convert the pytree to and from
+    CPU tensors. Acting goes through the algorithm's ``predict`` (which is stateful, like
+    RecurrentPPO's), not through this object.
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        lr_schedule: Callable[[float], float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(observation_space, action_space)
+        self.state: Any = None
+        self.training = False
+
+    def _predict(self, observation, deterministic: bool = False):  # pragma: no cover - SB3 hook
+        raise NotImplementedError("Use the algorithm's predict(): the agents carry a recurrent state.")
+
+    def set_training_mode(self, mode: bool) -> None:
+        self.training = mode
+
+    def state_dict(self, *args, **kwargs) -> dict[str, th.Tensor]:  # type: ignore[override]
+        if self.state is None:
+            return {}
+        return {
+            PREFIX + k: th.from_numpy(np.ascontiguousarray(v)) for k, v in flatten_state(self.state).items()
+        }
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # type: ignore[override]
+        if self.state is None:
+            raise RuntimeError("The policy has no template state: build the model before loading weights.")
+        flat = {}
+        for key, value in state_dict.items():
+            if not key.startswith(PREFIX):
+                raise RuntimeError(
+                    f"Unexpected parameter {key!r}: this checkpoint was not written by an sb3_worldmodels agent."
+                )
+            flat[key[len(PREFIX) :]] = value.detach().cpu().numpy() if isinstance(value, th.Tensor) else value
+        self.state = restore_state(self.state, flat, type(self).__name__)
+        return th.nn.modules.module._IncompatibleKeys([], [])

@@ -1,0 +1,159 @@
+"""DreamerV3 hyperparameters: one frozen dataclass, with the model-size presets.
+
+Every default is the paper-era value of danijar/dreamerv3 @2411f7d (+ fix 29eb964), cited as
+``configs.yaml:LINE`` of that commit unless said otherwise. Each field is documented here once; the
+SB3 class (:class:`sb3_worldmodels.DreamerV3`) takes the same names as keyword arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+# preset -> (units U, deter D, hidden H, classes C); configs.yaml:149-177. The rules D = 8U, H = U,
+# C = U/16 extend to "1m" (U = 64), which 2411f7d does not have (docs/deviations.md).
+MODEL_SIZES: dict[str, tuple[int, int, int, int]] = {
+    "1m": (64, 512, 64, 4),
+    "12m": (256, 2048, 256, 16),
+    "25m": (384, 3072, 384, 24),
+    "50m": (512, 4096, 512, 32),
+    "100m": (768, 6144, 768, 48),
+    "200m": (1024, 8192, 1024, 64),
+    "400m": (1536, 12288, 1536, 96),
+}
+
+
+@dataclass(frozen=True)
+class DreamerV3Config:
+    """Static configuration of one DreamerV3 agent (hashable: it is a jit static argument).
+
+    Space-derived fields (``obs_dim``, ``action_dim``, ``discrete``) are filled by the SB3 class.
+    """
+
+    # --- spaces (set from the env) ---
+    obs_dim: int = 4
+    """Width of the flat float32 observation vector."""
+    action_dim: int = 1
+    """Width of the flat action: the class count for a Discrete space, else the Box size."""
+    discrete: bool = False
+    """True for a Discrete action space (one-hot actions, categorical actor)."""
+
+    # --- network sizes (configs.yaml:113-146; presets :149-177) ---
+    units: int = 256
+    """U, width of every MLP layer (enc, dec, rew, con, actor, critic)."""
+    deter: int = 2048
+    """D, width of the deterministic RSSM state h."""
+    hidden: int = 256
+    """H, width of the RSSM's hidden layers (dynin*, img*, obs0)."""
+    classes: int = 16
+    """C, classes per categorical latent."""
+    stoch: int = 32
+    """S, number of categorical latents (never overridden by a preset)."""
+    blocks: int = 8
+    """G, blocks of the block-diagonal GRU (nets.py:119-173)."""
+    enc_layers: int = 3
+    dec_layers: int = 3
+    rew_layers: int = 1
+    con_layers: int = 1
+    actor_layers: int = 3
+    critic_layers: int = 3
+    img_layers: int = 2
+    """Hidden layers of the prior ("img") net (imglayers: 2, configs.yaml:113)."""
+    obs_layers: int = 1
+    """Hidden layers of the posterior ("obs") net (obslayers: 1)."""
+    bins: int = 255
+    """Bins of the reward and critic two-hot heads (symexp spaced, nets.py:462-471)."""
+
+    # --- world model loss ---
+    free_nats: float = 1.0
+    """Free nats of the dyn/rep KL, applied after summing over latents (configs.yaml:125)."""
+    unimix: float = 0.01
+    """Uniform mixture of the RSSM categoricals."""
+    actor_unimix: float = 0.01
+    """Uniform mixture of a discrete actor's categorical."""
+    dyn_scale: float = 1.0
+    rep_scale: float = 0.1
+    rec_scale: float = 1.0
+    """Scale of the observation (decoder) loss."""
+    rew_scale: float = 1.0
+    con_scale: float = 1.0
+    actor_scale: float = 1.0
+    critic_scale: float = 1.0
+    repval_scale: float = 0.3
+    """Scale of the replay critic loss (configs.yaml:96)."""
+
+    # --- schedule ---
+    train_ratio: float = 512.0
+    """Replayed (trained) rows per collected row: an update every B*T/train_ratio rows."""
+    batch_size: int = 16
+    """B, sequences per batch."""
+    batch_length: int = 64
+    """T, trained rows per sequence; each sampled window has T + 1 rows (replay context, §11)."""
+
+    # --- actor-critic ---
+    imag_horizon: int = 15
+    """Imagined steps per start state (imag_length: 15)."""
+    return_horizon: float = 333.0
+    """1 / (1 - gamma); the continue target is (1 - terminal) * (1 - 1/horizon) (contdisc)."""
+    lam: float = 0.95
+    """Lambda of the imagined returns (return_lambda)."""
+    repval_lam: float = 0.95
+    """Lambda of the replay returns (return_lambda_replay)."""
+    actent: float = 3e-4
+    """Actor entropy scale."""
+    slowreg: float = 1.0
+    """Weight of the critic's regression toward the slow critic."""
+    slow_rate: float = 0.02
+    """EMA fraction of the slow critic, every update (first update copies)."""
+    retnorm_rate: float = 0.01
+    """EMA rate of the 5th/95th return percentiles."""
+    retnorm_limit: float = 1.0
+    """Lower limit of the return scale max(limit, P95 - P5)."""
+    minstd: float = 0.1
+    maxstd: float = 1.0
+    """Std bounds of the continuous actor: (max - min) * sigmoid(x + 2) + min."""
+
+    # --- optimiser: LaProp + AGC (configs.yaml:97; jaxutils.py:398-550) ---
+    learning_rate: float = 4e-5
+    """Base learning rate (the SB3 class also accepts a schedule; it is fed in per update)."""
+    agc: float = 0.3
+    agc_pmin: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-20
+    warmup: int = 1000
+    """Linear warmup: update k (1-based) is scaled by clip((k - 1) / warmup, 0, 1)."""
+    weight_decay: float = 0.0
+
+    @property
+    def feat_dim(self) -> int:
+        """Width of the model features [deter, flat stoch]."""
+        return self.deter + self.stoch * self.classes
+
+    @property
+    def gamma(self) -> float:
+        return 1.0 - 1.0 / self.return_horizon
+
+    @property
+    def updates_per_row(self) -> float:
+        """Rate of the reference's when.Ratio: train_ratio / (B * T) updates per row."""
+        return self.train_ratio / (self.batch_size * self.batch_length)
+
+    def replace(self, **changes) -> DreamerV3Config:
+        return dataclasses.replace(self, **changes)
+
+
+def preset(model_size: str, **overrides) -> DreamerV3Config:
+    """The config of a named model size, with explicit field overrides (None means keep)."""
+    if model_size not in MODEL_SIZES:
+        raise ValueError(f"Unknown DreamerV3 model_size {model_size!r}; choose one of {sorted(MODEL_SIZES)}.")
+    units, deter, hidden, classes = MODEL_SIZES[model_size]
+    base = DreamerV3Config(units=units, deter=deter, hidden=hidden, classes=classes)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    cfg = base.replace(**overrides)
+    if cfg.deter % cfg.blocks:
+        raise ValueError(f"deter={cfg.deter} must be divisible by blocks={cfg.blocks}.")
+    if not math.isfinite(cfg.train_ratio) or cfg.train_ratio <= 0:
+        raise ValueError(f"train_ratio must be a positive number, got {cfg.train_ratio}.")
+    return cfg

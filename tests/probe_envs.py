@@ -1,0 +1,98 @@
+"""Small deterministic environments with known answers, for tests and probes."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class ChainEnv(gym.Env):
+    """Deterministic fixed-length episodes: obs = (t / length, 1), reward = -(a - target)^2.
+
+    Reset always returns the same observation, so a run split at an episode boundary and resumed
+    from a checkpoint sees exactly the observations of the uninterrupted run.
+    """
+
+    metadata: dict = {"render_modes": []}  # noqa: RUF012
+
+    def __init__(self, length: int = 10, target: float = 0.5, discrete: bool = False) -> None:
+        self.length = length
+        self.target = target
+        self.discrete = discrete
+        self.observation_space = spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = spaces.Discrete(2) if discrete else spaces.Box(-2.0, 2.0, (1,), np.float32)
+        self.t = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.t / self.length, 1.0], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.discrete:
+            reward = float(int(action) == 1)
+        else:
+            reward = -float((np.asarray(action).reshape(-1)[0] - self.target) ** 2)
+        return self._obs(), reward, False, self.t >= self.length, {}
+
+
+class BanditEnv(gym.Env):
+    """One-step episodes: action 1 pays 1, action 0 pays 0 (terminates after one step)."""
+
+    def __init__(self, discrete: bool = True) -> None:
+        self.discrete = discrete
+        self.observation_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.action_space = spaces.Discrete(2) if discrete else spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        if self.discrete:
+            reward = float(int(action) == 1)
+        else:
+            reward = float(np.asarray(action).reshape(-1)[0])
+        return np.zeros(1, np.float32), reward, True, False, {}
+
+
+class ImageEnv(gym.Env):
+    """Pixel observations, for the unsupported-space error."""
+
+    observation_space = spaces.Box(0, 255, (16, 16, 3), np.uint8)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros((16, 16, 3), np.uint8), {}
+
+    def step(self, action):
+        return np.zeros((16, 16, 3), np.uint8), 0.0, True, False, {}
+
+
+class NaNEnv(ChainEnv):
+    """Returns a NaN observation after a few steps."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.t >= 3:
+            obs = obs.copy()
+            obs[0] = np.nan
+        return obs, reward, terminated, truncated, info
+
+
+class DictObsEnv(ChainEnv):
+    """A dm_control-like dict observation with a scalar key and float64 values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observation_space = spaces.Dict(
+            {"position": spaces.Box(-np.inf, np.inf, (2,), np.float64), "height": spaces.Box(-np.inf, np.inf, (), np.float64)}
+        )
+
+    def _obs(self):
+        return {"position": np.array([self.t / self.length, 1.0]), "height": np.array(0.5 * self.t)}

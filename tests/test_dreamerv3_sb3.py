@@ -1,0 +1,295 @@
+"""DreamerV3 through the SB3 surface: construction, learn, callbacks, predict, save/load, bad input."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+
+import gymnasium as gym
+import jax
+import numpy as np
+import pytest
+from stable_baselines3 import SAC
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import (
+    CheckpointCallback,
+    EvalCallback,
+    StopTrainingOnMaxEpisodes,
+    StopTrainingOnRewardThreshold,
+)
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
+
+from sb3_worldmodels import DreamerV3, WorldModelCallback
+from sb3_worldmodels.common.boundary import UnsupportedSpaceError
+from sb3_worldmodels.dreamerv3 import agent as core
+from tests.probe_envs import ChainEnv, DictObsEnv, ImageEnv, NaNEnv
+
+# One tiny configuration for the whole module, so the jitted functions compile once.
+TINY = dict(
+    model_size="1m", units=16, deter=32, hidden=16, classes=4, stoch=4, blocks=4, batch_size=2,
+    batch_length=8, train_ratio=16, imag_horizon=3, n_envs=2, seed=0,
+)
+
+
+def tiny(env, **kwargs):
+    return DreamerV3(env, **{**TINY, **kwargs})
+
+
+def params_of(model):
+    return jax.tree_util.tree_leaves(model.policy.state)
+
+
+def chain_vec(n=1, **kwargs):
+    return make_vec_env(lambda: ChainEnv(**kwargs), n_envs=n)
+
+
+def test_construction_forms():
+    by_id = tiny("CartPole-v1")
+    assert isinstance(by_id, BaseAlgorithm) and isinstance(by_id, OffPolicyAlgorithm)
+    assert by_id.n_envs == 2 and by_id.model_size == "1m"
+    by_env = tiny(gym.make("CartPole-v1"), n_envs=None)
+    assert by_env.n_envs == 1
+    vec = make_vec_env("CartPole-v1", n_envs=3)
+    by_vec = DreamerV3("MlpPolicy", vec, **{k: v for k, v in TINY.items() if k != "n_envs"})
+    assert by_vec.n_envs == 3
+    zoo = DreamerV3(policy="MlpPolicy", env=vec, seed=1, verbose=0, device="auto", tensorboard_log=None,
+                    **{k: v for k, v in TINY.items() if k not in ("n_envs", "seed")})
+    assert zoo.seed == 1
+    assert DreamerV3("Pendulum-v1", n_envs=1, _init_setup_model=False).n_envs == 1
+
+
+def test_defaults_are_paper_era():
+    model = DreamerV3("Pendulum-v1", n_envs=1)
+    cfg = model.config
+    assert (cfg.units, cfg.deter, cfg.hidden, cfg.classes) == (256, 2048, 256, 16)
+    assert (cfg.train_ratio, cfg.batch_size, cfg.batch_length, cfg.imag_horizon) == (512, 16, 64, 15)
+    assert model.replay_capacity == 5_000_000 and model.replay_buffer is None
+    assert model.replay_bytes_per_seed == 0
+    assert DreamerV3("Pendulum-v1", _init_setup_model=False).n_envs == 16
+
+
+def test_learn_rows_and_updates_follow_the_ratio():
+    model = tiny(chain_vec(1, length=10), n_envs=None)
+    model.learn(66)
+    # 6 episodes of 10 steps = 6 * 11 rows (the reset row included).
+    assert model.num_timesteps == 66
+    assert model.replay_buffer.size() == 66
+    # Rows counted one by one with the gate: the schedule owes exactly the updates done.
+    assert model._n_updates > 0
+    rate = TINY["train_ratio"] / (TINY["batch_size"] * TINY["batch_length"])
+    window = TINY["batch_length"] + 1
+    first = window + TINY["batch_size"] - 1  # rows when the replay first holds batch_size windows
+    expected = 1 + int(np.floor((66 - first) * rate + 1e-9))
+    assert model._n_updates == expected
+    assert model.replay_bytes_per_seed == model.replay_buffer.nbytes > 0
+
+
+def test_callbacks_eval_checkpoint_progress_tensorboard(tmp_path):
+    model = tiny("CartPole-v1", tensorboard_log=str(tmp_path / "tb"))
+    eval_env = Monitor(gym.make("CartPole-v1"))
+    eval_cb = EvalCallback(eval_env, eval_freq=20, n_eval_episodes=2, log_path=str(tmp_path / "eval"),
+                           best_model_save_path=str(tmp_path / "best"))
+    ckpt = CheckpointCallback(save_freq=25, save_path=str(tmp_path / "ckpt"), save_replay_buffer=True)
+    model.learn(120, callback=[eval_cb, ckpt], progress_bar=True)
+    assert os.path.exists(tmp_path / "eval" / "evaluations.npz")
+    assert os.path.exists(tmp_path / "best" / "best_model.zip")
+    files = os.listdir(tmp_path / "ckpt")
+    assert any(f.endswith(".zip") for f in files) and any("replay_buffer" in f for f in files)
+    events = [f for _, _, fs in os.walk(tmp_path / "tb") for f in fs if f.startswith("events")]
+    assert events
+    mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=2)
+    assert np.isfinite(mean)
+
+
+def test_stop_callbacks():
+    model = tiny("CartPole-v1")
+    model.learn(10_000, callback=StopTrainingOnMaxEpisodes(max_episodes=2))
+    assert model.num_timesteps < 10_000
+    model = tiny("CartPole-v1")
+    stop = StopTrainingOnRewardThreshold(reward_threshold=-1.0)
+    model.learn(10_000, callback=EvalCallback(Monitor(gym.make("CartPole-v1")), eval_freq=5,
+                                              n_eval_episodes=1, callback_on_new_best=stop))
+    assert model.num_timesteps <= 2 * 5 + 4
+
+
+class _Recorder(WorldModelCallback):
+    def __init__(self, stop_after: int | None = None):
+        super().__init__()
+        self.pretrain = 0
+        self.updates: list[dict] = []
+        self.evals: list[dict] = []
+        self.steps = 0
+        self.stop_after = stop_after
+
+    def on_pretrain(self):
+        self.pretrain += 1
+
+    def on_post_update(self, metrics):
+        self.updates.append(metrics)
+        return {"custom/seen": len(self.updates)}
+
+    def on_eval_metrics(self, metrics):
+        self.evals.append(metrics)
+        return {"custom/eval": 1.0}
+
+    def _on_step(self):
+        self.steps += 1
+        return self.stop_after is None or self.steps < self.stop_after
+
+
+def test_world_model_callback_phases():
+    rec = _Recorder()
+    model = tiny("CartPole-v1")
+    eval_cb = EvalCallback(Monitor(gym.make("CartPole-v1")), eval_freq=30, n_eval_episodes=1)
+    model.learn(100, callback=[rec, eval_cb])
+    assert rec.pretrain == 1
+    assert len(rec.updates) == model._n_updates > 0
+    assert "train/loss" in rec.updates[0]
+    assert rec.evals and "eval/mean_reward" in rec.evals[0]
+    stopper = _Recorder(stop_after=3)
+    model2 = tiny("CartPole-v1")
+    model2.learn(1000, callback=stopper)
+    assert stopper.steps == 3 and model2.num_timesteps <= 3 * 2 + 2
+
+
+def test_predict_protocol_and_purity():
+    model = tiny("CartPole-v1")
+    model.learn(60)
+    obs = model.env.reset()
+    before = [np.array(x) for x in params_of(model)]
+    act_key = np.array(model.policy.state["act_key"])
+    action, state = model.predict(obs, deterministic=True)
+    assert action.shape == (2,) and len(state) == 3 and state[0].shape[0] == 2
+    action2, state2 = model.predict(obs, state=state, episode_start=np.array([True, False]), deterministic=True)
+    single, single_state = model.predict(obs[0], deterministic=True)
+    assert np.ndim(single) == 0 and single_state[0].shape[0] == 1
+    assert single == action[0]
+    after = params_of(model)
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert np.array_equal(act_key, np.array(model.policy.state["act_key"]))
+    with pytest.raises(ValueError, match="tuple"):
+        model.predict(gym.make("CartPole-v1").reset())
+
+
+def test_save_load_predict_identical(tmp_path):
+    model = tiny("Pendulum-v1")
+    model.learn(60)
+    obs = model.env.reset()
+    action, state = model.predict(obs, deterministic=True)
+    path = tmp_path / "dreamer"
+    model.save(path)
+    loaded = DreamerV3.load(path.with_suffix(".zip"), env=model.env)
+    action2, state2 = loaded.predict(obs, deterministic=True)
+    np.testing.assert_array_equal(action, action2)
+    for a, b in zip(state, state2):
+        np.testing.assert_array_equal(a, b)
+    assert loaded.replay_buffer is None  # a loaded model allocates no replay until learn
+    assert loaded.num_timesteps == model.num_timesteps
+    params = loaded.get_parameters()
+    loaded.set_parameters(params)
+
+
+def test_split_run_equals_whole_run(tmp_path):
+    def make():
+        return tiny(chain_vec(1, length=10), n_envs=None)
+
+    whole = make()
+    whole.learn(66)
+
+    first = make()
+    first.learn(33)
+    first.save(tmp_path / "half.zip")
+    first.save_replay_buffer(tmp_path / "half.pkl")
+    second = DreamerV3.load(tmp_path / "half.zip", env=chain_vec(1, length=10))
+    second.load_replay_buffer(tmp_path / "half.pkl")
+    second.learn(33, reset_num_timesteps=False)
+
+    assert second.num_timesteps == whole.num_timesteps and second._n_updates == whole._n_updates
+    for a, b in zip(params_of(whole), params_of(second)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_no_recompilation_after_first_update():
+    model = tiny("CartPole-v1")
+    model.learn(80)
+    sizes = (core.train_many_jit._cache_size(), core.policy_step_jit._cache_size())
+    model.learn(80, reset_num_timesteps=False)
+    assert (core.train_many_jit._cache_size(), core.policy_step_jit._cache_size()) == sizes
+
+
+def test_subproc_and_dict_observations():
+    vec = SubprocVecEnv([lambda: ChainEnv()] * 2)
+    try:
+        model = DreamerV3("MlpPolicy", vec, **{k: v for k, v in TINY.items() if k != "n_envs"})
+        model.learn(30)
+        assert model.num_timesteps >= 30
+    finally:
+        vec.close()
+    model = DreamerV3(DummyVecEnv([DictObsEnv]), **{k: v for k, v in TINY.items() if k != "n_envs"})
+    assert model.obs_adapter.dim == 3
+    model.learn(25)
+    action, _ = model.predict(DictObsEnv().reset()[0])
+    assert action.shape == (1,)
+
+
+def test_bad_input_errors(tmp_path):
+    with pytest.raises(UnsupportedSpaceError, match="Image observations"):
+        tiny(ImageEnv(), n_envs=None)
+    with pytest.raises(UnsupportedSpaceError, match="MultiDiscrete"):
+        tiny(_multidiscrete_env(), n_envs=None)
+    with pytest.raises(ValueError, match="norm_reward"):
+        tiny(VecNormalize(chain_vec()), n_envs=None)
+    with pytest.raises(ValueError, match="allow_vecnormalize_obs"):
+        tiny(VecNormalize(chain_vec(), norm_reward=False), n_envs=None)
+    with pytest.warns(UserWarning, match="normalised observations"):
+        tiny(VecNormalize(chain_vec(), norm_reward=False), n_envs=None, allow_vecnormalize_obs=True)
+    with pytest.raises(ValueError, match="action_noise"):
+        tiny("Pendulum-v1", action_noise=object())
+    with pytest.raises(ValueError, match="Non-finite observation"):
+        tiny(DummyVecEnv([NaNEnv]), n_envs=None).learn(20)
+
+
+def _multidiscrete_env():
+    class Env(ChainEnv):
+        def __init__(self):
+            super().__init__()
+            self.action_space = gym.spaces.MultiDiscrete([2, 3])
+
+    return Env()
+
+
+def test_foreign_and_corrupt_checkpoints(tmp_path):
+    sac = SAC("MlpPolicy", "Pendulum-v1", buffer_size=100)
+    sac.save(tmp_path / "sac.zip")
+    with pytest.raises(ValueError, match="SAC"):
+        DreamerV3.load(tmp_path / "sac.zip")
+    (tmp_path / "bad.zip").write_bytes(b"not a zip at all")
+    with pytest.raises(ValueError, match="Could not read"):
+        DreamerV3.load(tmp_path / "bad.zip")
+    model = tiny("Pendulum-v1")
+    other = tiny("Pendulum-v1", units=8)
+    with pytest.raises(RuntimeError, match="does not fit"):
+        other.set_parameters(model.get_parameters())
+    before = [np.array(x) for x in params_of(other)]
+    assert all(np.array_equal(a, b) for a, b in zip(before, params_of(other)))
+    # A truncated zip (an interrupted copy) fails clearly too.
+    model.save(tmp_path / "ok.zip")
+    data = (tmp_path / "ok.zip").read_bytes()
+    (tmp_path / "cut.zip").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError):
+        DreamerV3.load(tmp_path / "cut.zip")
+    assert zipfile.is_zipfile(tmp_path / "ok.zip")
+
+
+def test_replay_buffer_mismatch_is_refused(tmp_path):
+    model = tiny("CartPole-v1")
+    model.learn(30)
+    model.save_replay_buffer(tmp_path / "rb.pkl")
+    other = tiny("CartPole-v1", n_envs=3)
+    with pytest.raises(ValueError, match="does not fit"):
+        other.load_replay_buffer(tmp_path / "rb.pkl")
+    assert other.replay_buffer is None
