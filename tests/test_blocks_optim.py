@@ -32,13 +32,17 @@ def assert_tree_close(actual: dict, expected: dict, rtol: float, atol: float, wh
 def test_stages_match_reference_transforms() -> None:
     """AGC, RMS and momentum outputs at each of the 5 steps, fed the pre-step params."""
     fx = load()
-    stages = [B.scale_by_agc(0.3, 1e-3), B.scale_by_rms_corrected(0.999, 1e-20), B.scale_by_momentum_corrected(0.9)]
+    stages = [
+        B.scale_by_agc(0.3, 1e-3),
+        B.scale_by_rms_corrected(0.999, 1e-20),
+        B.scale_by_momentum_corrected(0.9),
+    ]
     keys = ("after_agc", "after_rms", "after_momentum")
 
     @jax.jit
     def run(grads: dict, states: list, params: dict) -> tuple[list, list]:
         outs, new_states = [], []
-        for stage, state in zip(stages, states):
+        for stage, state in zip(stages, states, strict=True):
             grads, state = stage.update(grads, state, params)
             outs.append(grads)
             new_states.append(state)
@@ -48,7 +52,7 @@ def test_stages_match_reference_transforms() -> None:
     states = [s.init(params) for s in stages]
     for i in range(5):
         outs, states = run(tree(fx, f"step{i}_grad"), states, params)
-        for key, out in zip(keys, outs):
+        for key, out in zip(keys, outs, strict=True):
             assert_tree_close(out, tree(fx, f"step{i}_{key}"), 1e-5, 1e-12, f"step{i}/{key}")
         params = tree(fx, f"step{i}_params")
 
@@ -58,10 +62,14 @@ def test_laprop_matches_reference_over_five_steps() -> None:
     params = {n: jnp.asarray(v) for n, v in tree(fx, "init").items()}
     opt = B.laprop(learning_rate=4e-5, beta1=0.9, beta2=0.999, eps=1e-20, agc=0.3, pmin=1e-3, warmup=1000)
     state = opt.init(params)
-    update = jax.jit(opt.update)
+
+    @jax.jit
+    def step(grads: dict, state: optax.OptState, params: dict) -> tuple[dict, optax.OptState, dict]:
+        updates, state = opt.update(grads, state, params)
+        return updates, state, optax.apply_updates(params, updates)
+
     for i in range(5):
-        updates, state = update(tree(fx, f"step{i}_grad"), state, params)
-        params = optax.apply_updates(params, updates)
+        updates, state, params = step(tree(fx, f"step{i}_grad"), state, params)
         assert_tree_close(updates, tree(fx, f"step{i}_update"), 1e-5, 1e-15, f"step{i}/update")
         assert_tree_close(params, tree(fx, f"step{i}_params"), 1e-6, 1e-9, f"step{i}/params")
         rms, mom, warm = state.inner_state[1], state.inner_state[2], state.inner_state[4]

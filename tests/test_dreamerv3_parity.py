@@ -164,7 +164,10 @@ def to_ours(value: np.ndarray, path: tuple[str, ...], config: DreamerV3Config) -
 
 def flatten_tree(tree: Any) -> dict[tuple[str, ...], np.ndarray]:
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {tuple(str(k.key) for k in path): np.asarray(leaf) for path, leaf in leaves}
+    return {
+        tuple(str(k.key) for k in path): leaf if isinstance(leaf, jax.ShapeDtypeStruct) else np.asarray(leaf)
+        for path, leaf in leaves
+    }
 
 
 def unflatten(flat: dict[tuple[str, ...], np.ndarray]) -> dict:
@@ -187,7 +190,7 @@ def fixture_params(flat: dict[str, np.ndarray], config: DreamerV3Config) -> tupl
         tree, path = where
         key = ("slowcritic", *path) if tree == "slow_critic" else path
         out[tree][path] = to_ours(value, key, config)
-    ours, ours_slow = A.init_params(config, jax.random.PRNGKey(0))
+    ours, ours_slow = jax.eval_shape(lambda key: A.init_params(config, key), jax.random.PRNGKey(0))
     for tree, template in (("params", ours), ("slow_critic", ours_slow)):
         want = {p: v.shape for p, v in flatten_tree(template).items()}
         got = {p: v.shape for p, v in out[tree].items()}
@@ -435,38 +438,33 @@ def test_replay_latents(run: dict[str, Any], step: int) -> None:
     assert latents["stoch"].dtype == np.int32
 
 
-def _subset(ours: np.ndarray, ref_shape: tuple[int, ...], index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Our values at the reference's flat ``index`` (into ``ref_shape``) and which indices exist for us."""
-    coords = np.unravel_index(index, ref_shape)
-    keep = np.all([c < s for c, s in zip(coords, ours.shape, strict=True)], axis=0)
-    return ours[tuple(c[keep] for c in coords)], keep
+def _well_conditioned(grads: list[dict], path: tuple[str, ...]) -> np.ndarray:
+    """Elements whose reference gradient is ≥ 1e-2 of its tensor's largest at every step so far.
 
-
-def _sign_noise(grads: list[dict], path: tuple[str, ...], ours_shape: tuple[int, ...]) -> np.ndarray:
-    """Elements whose reference gradients are all within float32 rounding of zero (< 1e-6 of the max)."""
-    tiny = np.ones(ours_shape, bool)
+    μ and the update are ratios g/√ν̂: an absolute gradient error δ (≤ 1e-5 of the tensor's scale,
+    see :func:`test_gradients`) becomes a relative error of about δ/|g| there, i.e. ≤ 1e-3 on these
+    elements, while near-zero gradients can even change sign (μ = 0.1·sign(g) after one update).
+    """
+    mask = np.ones(grads[0][path].shape, bool)
     for g in grads:
-        tiny &= np.abs(g[path]) <= 1e-6 * np.abs(g[path]).max()
-    return tiny
+        mask &= np.abs(g[path]) >= 1e-2 * np.abs(g[path]).max(initial=0.0)
+    return mask
 
 
-def test_state_after_first_update(run: dict[str, Any]) -> None:
-    after, state, config = run[1]["after"], run[1]["state"], run["config"]
-    grads = [fixture_grads(run[1]["train"], config)]
-    # Warmup factor 0: the optimised parameters are unchanged (exactly).
-    for path, value in flatten_tree(state.params).items():
-        np.testing.assert_array_equal(value, flatten_tree(run["init_state"].params)[path])
-    # The slow critic is an exact copy of the critic; counters; normaliser.
-    np.testing.assert_array_equal(int(state.updates), after["agent/updater/updates/value"])
-    for path, value in flatten_tree(state.slow_critic).items():
-        ref = to_ours(
-            after["agent/slowcritic/" + "/".join(path_to_ref(("critic", *path)).split("/")[2:])],
-            ("slowcritic", *path),
-            config,
-        )
-        np.testing.assert_array_equal(value, ref)
-    _check_retnorm(state, after)
-    _check_moments(after, state, config, grads)
+def _ref_values(
+    after: dict, key: str, path: tuple[str, ...], ours: np.ndarray, config: DreamerV3Config
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(our values, reference values, element positions) at the stored (full or subset) elements."""
+    name = path_to_ref(path)
+    ref = after[key]
+    index = after.get(f"index/{name}")
+    if index is None:
+        ref = to_ours(ref, path, config)
+        return ours.reshape(-1), ref.reshape(-1), np.arange(ours.size)
+    coords = np.unravel_index(index, _ref_shape(name, config))
+    keep = np.all([c < s for c, s in zip(coords, ours.shape, strict=True)], axis=0)
+    flat = np.ravel_multi_index(tuple(c[keep] for c in coords), ours.shape)
+    return ours.reshape(-1)[flat], ref[keep], flat
 
 
 def _check_retnorm(state: A.DreamerState, after: dict) -> None:
@@ -474,36 +472,32 @@ def _check_retnorm(state: A.DreamerState, after: dict) -> None:
         assert_close(f"retnorm {name}", ours, after[f"agent/retnorm/{name}/value"], rtol=1e-5, scale_tol=0)
 
 
-def _check_moments(after: dict, state: A.DreamerState, config: DreamerV3Config, grads: list[dict]) -> None:
-    inner = state.opt_state.inner_state
-    rms, momentum, warmup = inner[1], inner[2], inner[4]
+def _check_moments(
+    after: dict, opt_state: Any, config: DreamerV3Config, grads: list[dict], exact_grads: bool
+) -> None:
+    """Optimiser counters and ν/μ against the reference (subset or full).
+
+    With ``exact_grads`` (our optimiser fed the reference's gradients) everything is compared at
+    1e-5 of the tensor scale + 1e-4 relative; otherwise μ only on :func:`_well_conditioned` elements,
+    at 2e-3 relative + 1e-4 of the tensor scale (μ = 0.9·μ₁ + 0.1·r₂ can cancel to far below its terms).
+    """
+    rms, momentum, warmup = opt_state.inner_state[1], opt_state.inner_state[2], opt_state.inner_state[4]
     step = int(after["agent/opt/step/value"])
     assert int(warmup.count) == step == int(after["agent/opt/state/rms_count"]) == int(rms.count)
-    assert int(momentum.count) == int(after["agent/opt/state/momentum_count"])
-    flipped = 0
+    assert int(momentum.count) == int(after["agent/opt/state/momentum_count"]) == step
     for key, tree in (("rms_nu", rms.nu), ("momentum_mu", momentum.mu)):
-        for path, ours in flatten_tree(tree).items():
+        for path, value in flatten_tree(tree).items():
             name = path_to_ref(path)
-            ref = after[f"agent/opt/state/{key}/{name}"]
-            index = after.get(f"index/{name}")
-            mask = _sign_noise(grads, path, ours.shape)
-            if index is None:  # stored in full
-                ref = to_ours(ref, path, config)
-                ours_vals, mask_vals = ours, mask
+            ours, ref, where = _ref_values(after, f"agent/opt/state/{key}/{name}", path, value, config)
+            if key == "momentum_mu" and not exact_grads:
+                good = _well_conditioned(grads, path).reshape(-1)[where]
+                assert_close(f"{key} {name}", ours[good], ref[good], rtol=2e-3, scale_tol=1e-4)
             else:
-                ours_vals, keep = _subset(ours, _ref_shape(name, config), index)
-                ref = ref[keep]
-                mask_vals, _ = _subset(mask, _ref_shape(name, config), index)
-            if key == "momentum_mu":
-                flipped += int(np.sum(mask_vals & ~np.isclose(ours_vals, ref, rtol=1e-4, atol=1e-12)))
-                ours_vals, ref = ours_vals[~mask_vals], ref[~mask_vals]
-            assert_close(f"{key} {name}", ours_vals, ref, rtol=1e-4, scale_tol=1e-5)
-    assert flipped <= 3, f"{flipped} optimiser moments differ at near-zero gradients"
+                assert_close(f"{key} {name}", ours, ref, rtol=1e-4, scale_tol=1e-5)
 
 
 def _ref_shape(name: str, config: DreamerV3Config) -> tuple[int, ...]:
-    shapes = _init_shapes(config.discrete)
-    return shapes[name]
+    return _init_shapes(config.discrete)[name]
 
 
 _SHAPES: dict[bool, dict[str, tuple[int, ...]]] = {}
@@ -516,47 +510,114 @@ def _init_shapes(discrete: bool) -> dict[str, tuple[int, ...]]:
     return _SHAPES[discrete]
 
 
+def _check_step2_params(
+    after: dict,
+    before: dict,
+    new: dict,
+    updates: dict,
+    config: DreamerV3Config,
+    mask: dict | None,
+    update_rtol: float,
+    update_scale_tol: float,
+) -> None:
+    """Applied updates (rtol), new parameters (≈ 2 ulp) and whole-tensor statistics after update 2."""
+    for path, value in new.items():
+        name = path_to_ref(path)
+        upd, ref_upd, where = _ref_values(after, f"update/{name}", path, updates[path], config)
+        vals, ref_vals, _ = _ref_values(after, f"param/{name}", path, value, config)
+        good = np.ones(where.shape, bool) if mask is None else mask[path].reshape(-1)[where]
+        assert_close(f"update {name}", upd[good], ref_upd[good], rtol=update_rtol, scale_tol=update_scale_tol)
+        # Within 2 ulp, plus the update's own tolerance where the parameter is about the update's size
+        # (zero-initialised biases and output layers).
+        ulp = np.spacing(np.abs(ref_vals).astype(np.float32))
+        bound = 2 * ulp + update_rtol * np.abs(ref_upd) + update_scale_tol * np.abs(ref_upd).max(initial=0.0)
+        err = np.abs(vals - ref_vals)
+        assert np.all((err <= bound)[good]), f"param {name}: max err {err[good].max(initial=0):.3e}"
+        # [Σx, Σ|x|, max|x|] over the whole tensor, for the update and for the exact delta.
+        for stat, full in (("update", updates[path]), ("delta", value - before[path])):
+            ref_stats = after[f"stats/{stat}/{name}"]
+            ours_stats = np.array([full.sum(), np.abs(full).sum(), np.abs(full).max()], np.float64)
+            stats_rtol = 2e-2 if mask is not None else (1e-4 if stat == "update" else 2e-2)
+            assert_close(f"{stat} stats {name}", ours_stats[1:], ref_stats[1:], rtol=stats_rtol, scale_tol=0)
+            assert abs(ours_stats[0] - ref_stats[0]) <= stats_rtol * ref_stats[1] + 1e-30, (stat, name)
+
+
+@pytest.mark.parametrize("agent", sorted(AGENTS))
+def test_optimizer_on_reference_gradients(agent: str) -> None:
+    """Our AGC + LaProp + warmup chain fed the reference's own gradients reproduces its optimiser
+    state after both updates and the second (first nonzero) update, to the fixture's stated tolerance."""
+    prefix = AGENTS[agent]["prefix"]
+    config = config_for(agent)
+    params, _ = fixture_params(load(f"{prefix}params_init"), config)
+    optimizer = A.make_optimizer(config)
+    opt_state = optimizer.init(params)
+    update = jax.jit(optimizer.update)
+    for step, suffix in ((1, "params_after_train"), (2, "params_after_step2")):
+        grads = fixture_grads(load(f"{prefix}train_step{step if step > 1 else ''}"), config)
+        updates, opt_state = update(unflatten(grads), opt_state, params)
+        after = load(f"{prefix}{suffix}")
+        _check_moments(after, opt_state, config, [grads], exact_grads=True)
+        new = optax_apply(params, updates)
+        if step == 1:
+            for path, value in flatten_tree(updates).items():
+                assert not np.any(value), path  # warmup factor 0
+        else:
+            _check_step2_params(
+                after,
+                flatten_tree(params),
+                flatten_tree(new),
+                flatten_tree(updates),
+                config,
+                None,
+                1e-4,
+                1e-5,
+            )
+        params = new
+
+
+def optax_apply(params: dict, updates: dict) -> dict:
+    return jax.tree_util.tree_map(lambda p, u: p + u, params, updates)
+
+
+def test_state_after_first_update(run: dict[str, Any]) -> None:
+    after, state, config = run[1]["after"], run[1]["state"], run["config"]
+    grads = [fixture_grads(run[1]["train"], config)]
+    # Warmup factor 0: the optimised parameters are unchanged (exactly).
+    init = flatten_tree(run["init_state"].params)
+    for path, value in flatten_tree(state.params).items():
+        np.testing.assert_array_equal(value, init[path])
+    # The slow critic is an exact copy of the critic; counters; normaliser; optimiser moments.
+    assert int(state.updates) == int(after["agent/updater/updates/value"]) == 1
+    for path, value in flatten_tree(state.slow_critic).items():
+        ref = after["agent/slowcritic/" + "/".join(path_to_ref(("critic", *path)).split("/")[2:])]
+        np.testing.assert_array_equal(value, to_ours(ref, ("slowcritic", *path), config))
+    _check_retnorm(state, after)
+    _check_moments(after, state.opt_state, config, grads, exact_grads=False)
+
+
 def test_state_after_second_update(run: dict[str, Any]) -> None:
     after, state, config = run[2]["after"], run[2]["state"], run["config"]
     grads = [fixture_grads(run[s]["train"], config) for s in (1, 2)]
-    np.testing.assert_array_equal(int(state.updates), after["agent/updater/updates/value"])
+    assert int(state.updates) == int(after["agent/updater/updates/value"]) == 2
     _check_retnorm(state, after)
-    # Slow critic: 0.02·critic + 0.98·slow (both equal to the initial critic up to the tiny update).
+    # Slow critic: 0.02·critic + 0.98·slow (both equal to the initial critic up to the tiny update, so
+    # the zero-initialised output layer holds 0.02·update and inherits the update's tolerance).
     for path, value in flatten_tree(state.slow_critic).items():
         ref = after["agent/slowcritic/" + "/".join(path_to_ref(("critic", *path)).split("/")[2:])]
-        assert_close(
-            "slow critic " + "/".join(path),
-            value,
-            to_ours(ref, ("slowcritic", *path), config),
-            rtol=1e-6,
-            scale_tol=1e-7,
-        )
-    _check_moments(after, state, config, grads)
-    before = flatten_tree(run[2]["before"].params)
-    updates = run[2]["updates"]
-    flipped = 0
-    for path, new in flatten_tree(state.params).items():
-        name = path_to_ref(path)
-        shape = _ref_shape(name, config)
-        index = after[f"index/{name}"]
-        mask, _ = _subset(_sign_noise(grads, path, new.shape), shape, index)
-        upd, keep = _subset(updates[path], shape, index)
-        ref_upd = after[f"update/{name}"][keep]
-        close = np.isclose(upd, ref_upd, rtol=1e-4, atol=1e-4 * np.abs(ref_upd).max(initial=0))
-        flipped += int(np.sum(mask & ~close))
-        assert np.all(close | mask), f"update {name}: max err {np.abs(upd - ref_upd).max():.3e}"
-        vals, _ = _subset(new, shape, index)
-        ref_vals = after[f"param/{name}"][keep]
-        ulp = np.spacing(np.abs(ref_vals).astype(np.float32))
-        ok = np.abs(vals - ref_vals) <= 2 * ulp
-        assert np.all(ok | mask), f"param {name}: max err {np.abs(vals - ref_vals).max():.3e}"
-        # Whole-tensor statistics [Σx, Σ|x|, max|x|] of the update and of the exact delta.
-        for stat, full in (("update", updates[path]), ("delta", new - before[path])):
-            ref_stats = after[f"stats/{stat}/{name}"]
-            ours_stats = np.array([full.sum(), np.abs(full).sum(), np.abs(full).max()], np.float64)
-            assert_close(f"{stat} stats {name}", ours_stats[1:], ref_stats[1:], rtol=2e-2, scale_tol=0)
-            assert abs(ours_stats[0] - ref_stats[0]) <= 2e-2 * ref_stats[1] + 1e-30, (stat, name)
-    assert flipped <= 3, f"{flipped} updates differ at near-zero gradients"
+        ref = to_ours(ref, ("slowcritic", *path), config)
+        assert_close("slow critic " + "/".join(path), value, ref, rtol=2e-3, scale_tol=1e-5)
+    _check_moments(after, state.opt_state, config, grads, exact_grads=False)
+    mask = {path: _well_conditioned(grads, path) for path in grads[0]}
+    _check_step2_params(
+        after,
+        flatten_tree(run[2]["before"].params),
+        flatten_tree(state.params),
+        run[2]["updates"],
+        config,
+        mask,
+        2e-3,
+        1e-4,
+    )
 
 
 def test_twohot_mean_is_the_only_difference() -> None:

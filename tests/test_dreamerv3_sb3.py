@@ -60,6 +60,10 @@ def test_construction_forms():
                     **{k: v for k, v in TINY.items() if k not in ("n_envs", "seed")})
     assert zoo.seed == 1
     assert DreamerV3("Pendulum-v1", n_envs=1, _init_setup_model=False).n_envs == 1
+    no_n = {k: v for k, v in TINY.items() if k != "n_envs"}
+    for mode in ("sync", "vector_entry_point"):
+        gym_vec = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode=mode)
+        assert DreamerV3(gym_vec, **no_n).n_envs == 2
 
 
 def test_defaults_are_paper_era():

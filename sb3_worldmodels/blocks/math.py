@@ -195,9 +195,7 @@ def symlog_twohot_encode(x: ArrayLike, num_bins: int, vmin: float, vmax: float) 
     )
 
 
-def symlog_twohot_log_prob(
-    logits: ArrayLike, x: ArrayLike, num_bins: int, vmin: float, vmax: float
-) -> Array:
+def symlog_twohot_log_prob(logits: ArrayLike, x: ArrayLike, num_bins: int, vmin: float, vmax: float) -> Array:
     """Σ_j twohot(x)_j · log_softmax(logits)_j; TD-MPC2's ``soft_ce`` is its negative.
 
     Args:

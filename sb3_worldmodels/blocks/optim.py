@@ -58,7 +58,7 @@ def scale_by_agc(clip: float = 0.3, pmin: float = 1e-3) -> optax.GradientTransfo
             upd_norm = jnp.linalg.norm(g.reshape(-1))
             param_norm = jnp.linalg.norm(w.reshape(-1))
             limit = clip * jnp.maximum(pmin, param_norm)
-            return g * (1.0 / jnp.maximum(1.0, upd_norm / limit))
+            return g / jnp.maximum(1.0, upd_norm / limit)
 
         return jax.tree_util.tree_map(clip_leaf, updates, params), state
 

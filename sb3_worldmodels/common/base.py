@@ -35,6 +35,7 @@ from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 
 from sb3_worldmodels.common.boundary import ActionAdapter, ObservationAdapter
 from sb3_worldmodels.common.callbacks import WorldModelCallback
+from sb3_worldmodels.common.envs import vec_env_from_gymnasium
 from sb3_worldmodels.common.policy import JaxPolicy
 
 FORMAT_VERSION = 1
@@ -117,10 +118,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         self.n_envs_requested = n_envs
         self.allow_vecnormalize_obs = allow_vecnormalize_obs
         if isinstance(env, gym.vector.VectorEnv):
-            raise ValueError(
-                "gymnasium.vector.VectorEnv is not an SB3 VecEnv: pass the env id or a make function "
-                "(the agent builds an SB3 VecEnv with n_envs copies), or build an SB3 VecEnv yourself."
-            )
+            env = vec_env_from_gymnasium(env)
         if isinstance(env, str):
             if _is_env_id(env) or env in gym.registry:
                 env = make_vec_env(env, n_envs=n_envs or self.default_n_envs, seed=seed)
@@ -130,6 +128,8 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             # Clear errors before SB3's own assertions on the spaces.
             ObservationAdapter.from_space(env.observation_space, self.agent_name)
             ActionAdapter.from_space(env.action_space, self.agent_name, self.allow_discrete)
+        if isinstance(policy, str) and policy in self.policy_aliases:
+            policy = self.policy_aliases[policy]  # SB3 refuses the "MlpPolicy" string with Dict spaces
         self.format_version = FORMAT_VERSION
         self.algorithm_name = type(self).__name__
         super().__init__(
@@ -301,9 +301,12 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             raise ValueError(f"{path!r} holds no SB3 model data.")
         saved = data.get("algorithm_name")
         if saved != cls.__name__:
+            if saved is None:
+                policy = data.get("policy_class")
+                origin = getattr(policy, "__module__", "?") + "." + getattr(policy, "__name__", str(policy))
+                saved = f"another algorithm (policy class {origin})"
             raise ValueError(
-                f"{path!r} was saved by {saved or 'another algorithm'}, not {cls.__name__}: load it with "
-                f"{saved or 'that algorithm'}.load()."
+                f"{path!r} was saved by {saved}, not by {cls.__name__}: load it with the algorithm that saved it."
             )
         return super().load(
             path,

@@ -80,9 +80,12 @@ class JaxPolicy(BasePolicy):
     def state_dict(self, *args, **kwargs) -> dict[str, th.Tensor]:  # type: ignore[override]
         if self.state is None:
             return {}
-        return {
-            PREFIX + k: th.from_numpy(np.ascontiguousarray(v)) for k, v in flatten_state(self.state).items()
-        }
+        out = {}
+        for key, value in flatten_state(self.state).items():
+            if value.dtype.kind == "u":  # torch lacks general unsigned support: PRNG keys travel as int64
+                value = value.astype(np.int64)
+            out[PREFIX + key] = th.from_numpy(np.array(value, copy=True))
+        return out
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # type: ignore[override]
         if self.state is None:

@@ -162,8 +162,8 @@ class DreamerV3(WorldModelAlgorithm):
     @property
     def config(self) -> DreamerV3Config:
         """The resolved static configuration (from the attributes, so load/zoo overrides apply)."""
-        fields = {f: getattr(self, f) for f in _CONFIG_FIELDS if f != "batch_size"}
-        fields["batch_size"] = self.batch_size
+        # Fields without a constructor argument (e.g. img_layers) keep their reference defaults.
+        fields = {f: getattr(self, f) for f in _CONFIG_FIELDS if hasattr(self, f)}
         return preset(
             self.model_size,
             obs_dim=self.obs_adapter.dim,
