@@ -211,7 +211,7 @@ def test_train_many_equals_train_steps(trained: dict[str, Any]) -> None:
     )
     for a, b in zip(jax.tree_util.tree_leaves(many), jax.tree_util.tree_leaves(single), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    for k, (m, lat) in enumerate(singles):
+    for k, (_, lat) in enumerate(singles):
         np.testing.assert_allclose(latents["deter"][k], lat["deter"], rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(latents["stoch"][k], lat["stoch"])
     for key in metrics:

@@ -33,7 +33,8 @@ def vec_env_from_gymnasium(env: gym.vector.VectorEnv) -> VecEnv:
         return SubprocVecEnv([_monitored(fn) for fn in fns])
     spec: Any = getattr(env, "spec", None)
     if spec is not None and getattr(spec, "id", None):
-        kwargs = dict(getattr(spec, "kwargs", {}) or {})
+        vector_only = ("num_envs", "vectorization_mode", "vector_kwargs", "wrappers")
+        kwargs = {k: v for k, v in (getattr(spec, "kwargs", {}) or {}).items() if k not in vector_only}
         env.close()
         return make_vec_env(spec.id, n_envs=n, env_kwargs=kwargs)
     raise ValueError(

@@ -394,8 +394,12 @@ def _imagine(
     _, (deters, stochs, actions, logits) = jax.lax.scan(
         step, (deter, stoch, action), (noise.imag_stoch, noise.imag_action[1:])
     )
-    first = lambda x0, xs: jnp.concatenate([x0[:, None], jnp.swapaxes(xs, 0, 1)], 1)  # noqa: E731
-    return first(deter, deters), first(stoch, stochs), first(action, actions), jnp.swapaxes(logits, 0, 1)
+
+    def with_start(start: Array, steps: Array) -> Array:  # (N, ...), (H, N, ...) -> (N, H+1, ...)
+        return jnp.concatenate([start[:, None], jnp.swapaxes(steps, 0, 1)], 1)
+
+    imagined = (with_start(deter, deters), with_start(stoch, stochs), with_start(action, actions))
+    return (*imagined, jnp.swapaxes(logits, 0, 1))
 
 
 def loss_fn(
