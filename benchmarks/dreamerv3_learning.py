@@ -43,12 +43,21 @@ class EvalEveryRows(BaseCallback):
         self.start = time.time()
 
     def evaluate(self) -> None:
-        rewards, _ = evaluate_policy(self.model, self.env, n_eval_episodes=self.episodes,
-                                     deterministic=self.deterministic, return_episode_rewards=True)
+        rewards, _ = evaluate_policy(
+            self.model,
+            self.env,
+            n_eval_episodes=self.episodes,
+            deterministic=self.deterministic,
+            return_episode_rewards=True,
+        )
         train = [ep["r"] for ep in self.model.ep_info_buffer]
-        point = {"rows": self.num_timesteps, "eval_mean": float(np.mean(rewards)),
-                 "train_mean": float(np.mean(train)) if train else None,
-                 "updates": self.model._n_updates, "seconds": round(time.time() - self.start, 1)}
+        point = {
+            "rows": self.num_timesteps,
+            "eval_mean": float(np.mean(rewards)),
+            "train_mean": float(np.mean(train)) if train else None,
+            "updates": self.model._n_updates,
+            "seconds": round(time.time() - self.start, 1),
+        }
         self.curve.append(point)
         print(json.dumps(point), flush=True)
 
@@ -77,9 +86,18 @@ def main() -> None:
         score = callback.curve[-1]["eval_mean"]
     else:
         score = float(np.mean([p["eval_mean"] for p in callback.curve if p["rows"] >= 12_000]))
-    result = {"task": args.task, "seed": args.seed, "rows": model.num_timesteps, "updates": model._n_updates,
-              "wall_seconds": round(time.time() - start, 1), "score": score, "threshold": task["threshold"],
-              "passed": score >= task["threshold"], "settings": PAPER_ERA, "curve": callback.curve}
+    result = {
+        "task": args.task,
+        "seed": args.seed,
+        "rows": model.num_timesteps,
+        "updates": model._n_updates,
+        "wall_seconds": round(time.time() - start, 1),
+        "score": score,
+        "threshold": task["threshold"],
+        "passed": score >= task["threshold"],
+        "settings": PAPER_ERA,
+        "curve": callback.curve,
+    }
     out = Path(__file__).parent / "results" / f"{args.task}_seed{args.seed}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

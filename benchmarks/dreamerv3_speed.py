@@ -1,8 +1,9 @@
 """DreamerV3 speed benchmark: rows/s with and without compilation, updates/s, compile time, memory.
 
-    python benchmarks/dreamerv3_speed.py --config seeds      # CartPole-v1, 4 envs, 8,000 rows, "1m", 8x16, ratio 8
+    python benchmarks/dreamerv3_speed.py --config seeds      # CartPole-v1, 4 envs, 8,000 rows, "1m",
+                                                             # batch 8x16, train ratio 8
     python benchmarks/dreamerv3_speed.py --config default    # Pendulum-v1, "12m", 16 envs, 16x64, ratio 512
-    python benchmarks/dreamerv3_speed.py --config update-1m  # one "1m" update at 16x64 (the reference's 530 ms)
+    python benchmarks/dreamerv3_speed.py --config update-1m  # one "1m" update at 16x64
 
 Prints one JSON line per run; copy the results into docs/performance.md with the machine and date.
 """
@@ -24,10 +25,18 @@ from sb3_worldmodels.dreamerv3 import agent as core
 from sb3_worldmodels.dreamerv3.config import preset
 
 CONFIGS = {
-    "seeds": dict(env="CartPole-v1", n_envs=4, rows=8_000,
-                  kwargs=dict(model_size="1m", batch_size=8, batch_length=16, train_ratio=8)),
-    "default": dict(env="Pendulum-v1", n_envs=16, rows=2_400,
-                    kwargs=dict(model_size="12m", batch_size=16, batch_length=64, train_ratio=512)),
+    "seeds": dict(
+        env="CartPole-v1",
+        n_envs=4,
+        rows=8_000,
+        kwargs=dict(model_size="1m", batch_size=8, batch_length=16, train_ratio=8),
+    ),
+    "default": dict(
+        env="Pendulum-v1",
+        n_envs=16,
+        rows=2_400,
+        kwargs=dict(model_size="12m", batch_size=16, batch_length=64, train_ratio=512),
+    ),
 }
 
 
@@ -47,8 +56,12 @@ def run_learning(name: str, seed: int) -> dict:
     t2 = time.perf_counter()
     rows = model.num_timesteps
     return {
-        "config": name, "env": spec["env"], "n_envs": spec["n_envs"], **spec["kwargs"],
-        "rows": rows, "updates": model._n_updates,
+        "config": name,
+        "env": spec["env"],
+        "n_envs": spec["n_envs"],
+        **spec["kwargs"],
+        "rows": rows,
+        "updates": model._n_updates,
         "seconds_total": round(t2 - t0, 2),
         "rows_per_s_with_compile": round(rows / (t2 - t0), 1),
         "rows_per_s_after_compile": round((rows - warm_rows) / (t2 - t1), 1),
@@ -60,8 +73,9 @@ def run_learning(name: str, seed: int) -> dict:
 
 
 def run_update(model_size: str, batch_size: int, batch_length: int, repeats: int) -> dict:
-    cfg = preset(model_size, obs_dim=4, action_dim=2, discrete=True, batch_size=batch_size,
-                 batch_length=batch_length)
+    cfg = preset(
+        model_size, obs_dim=4, action_dim=2, discrete=True, batch_size=batch_size, batch_length=batch_length
+    )
     state = core.init_state(cfg, jax.random.PRNGKey(0))
     rng = np.random.default_rng(0)
     shape = (1, batch_size, batch_length + 1)
@@ -69,8 +83,11 @@ def run_update(model_size: str, batch_size: int, batch_length: int, repeats: int
         "obs": rng.normal(size=(*shape, cfg.obs_dim)).astype(np.float32),
         "action": np.eye(2, dtype=np.float32)[rng.integers(0, 2, size=shape)],
         "reward": rng.normal(size=shape).astype(np.float32),
-        "is_first": np.zeros(shape, bool), "is_last": np.zeros(shape, bool), "is_terminal": np.zeros(shape, bool),
-        "deter": np.zeros((*shape, cfg.deter), np.float32), "stoch": np.zeros((*shape, cfg.stoch), np.int32),
+        "is_first": np.zeros(shape, bool),
+        "is_last": np.zeros(shape, bool),
+        "is_terminal": np.zeros(shape, bool),
+        "deter": np.zeros((*shape, cfg.deter), np.float32),
+        "stoch": np.zeros((*shape, cfg.stoch), np.int32),
     }
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
     t0 = time.perf_counter()
@@ -85,7 +102,8 @@ def run_update(model_size: str, batch_size: int, batch_length: int, repeats: int
         jax.block_until_ready(out)
         times.append(time.perf_counter() - t)
     return {
-        "config": f"update-{model_size}", "batch": f"{batch_size}x{batch_length}",
+        "config": f"update-{model_size}",
+        "batch": f"{batch_size}x{batch_length}",
         "compile_seconds": round(compile_s, 1),
         "ms_per_update_median": round(1000 * float(np.median(times)), 1),
         "ms_per_update_min": round(1000 * float(np.min(times)), 1),
@@ -103,8 +121,11 @@ def main() -> None:
         result = run_update(args.config.split("-")[1], 16, 64, args.repeats)
     else:
         result = run_learning(args.config, args.seed)
-    result.update(machine=f"{platform.machine()} {jax.devices()[0].platform} x{jax.local_device_count()}",
-                  jax=jax.__version__, date=time.strftime("%Y-%m-%d"))
+    result.update(
+        machine=f"{platform.machine()} {jax.devices()[0].platform} x{jax.local_device_count()}",
+        jax=jax.__version__,
+        date=time.strftime("%Y-%m-%d"),
+    )
     print(json.dumps(result))
 
 

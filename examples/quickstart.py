@@ -26,8 +26,14 @@ def main() -> None:
     args = parser.parse_args()
 
     model = DreamerV3(
-        "Pendulum-v1", model_size="1m", n_envs=4, train_ratio=64, batch_size=8, batch_length=32,
-        seed=args.seed, verbose=1,
+        "Pendulum-v1",
+        model_size="1m",
+        n_envs=4,
+        train_ratio=64,
+        batch_size=8,
+        batch_length=32,
+        seed=args.seed,
+        verbose=1,
     )
     start = time.time()
     model.learn(args.rows, log_interval=8)

@@ -91,8 +91,65 @@ class DictObsEnv(ChainEnv):
     def __init__(self) -> None:
         super().__init__()
         self.observation_space = spaces.Dict(
-            {"position": spaces.Box(-np.inf, np.inf, (2,), np.float64), "height": spaces.Box(-np.inf, np.inf, (), np.float64)}
+            {
+                "position": spaces.Box(-np.inf, np.inf, (2,), np.float64),
+                "height": spaces.Box(-np.inf, np.inf, (), np.float64),
+            }
         )
 
     def _obs(self):
         return {"position": np.array([self.t / self.length, 1.0]), "height": np.array(0.5 * self.t)}
+
+
+class DiscountProbeEnv(gym.Env):
+    """Reward 1 on every step, termination after ``length`` steps; obs = (steps left / length, 1).
+
+    With discount gamma the value of the first state is sum_{k < length} gamma^k.
+    """
+
+    def __init__(self, length: int = 4) -> None:
+        self.length = length
+        self.observation_space = spaces.Box(0.0, 1.0, (2,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.t = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([(self.length - self.t) / self.length, 1.0], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), 1.0, self.t >= self.length, False, {}
+
+
+class DelayedChoiceEnv(gym.Env):
+    """Two steps: the first action picks a branch and pays nothing; the second step pays 1 on
+    branch 1 and 0.3 on branch 0, then terminates. The first choice's value exists only through the
+    model's prediction of the next step, i.e. in imagination."""
+
+    def __init__(self) -> None:
+        self.observation_space = spaces.Box(0.0, 1.0, (3,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.t, self.branch = 0, 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array(
+            [self.t == 0, self.t == 1 and self.branch == 1, self.t == 1 and self.branch == 0], np.float32
+        )
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.branch = 0, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        if self.t == 0:
+            self.branch = int(action)
+            self.t = 1
+            return self._obs(), 0.0, False, False, {}
+        self.t = 2
+        return self._obs(), 1.0 if self.branch == 1 else 0.3, True, False, {}

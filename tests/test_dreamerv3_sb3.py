@@ -30,8 +30,19 @@ from tests.probe_envs import ChainEnv, DictObsEnv, ImageEnv, NaNEnv
 
 # One tiny configuration for the whole module, so the jitted functions compile once.
 TINY = dict(
-    model_size="1m", units=16, deter=32, hidden=16, classes=4, stoch=4, blocks=4, batch_size=2,
-    batch_length=8, train_ratio=16, imag_horizon=3, n_envs=2, seed=0,
+    model_size="1m",
+    units=16,
+    deter=32,
+    hidden=16,
+    classes=4,
+    stoch=4,
+    blocks=4,
+    batch_size=2,
+    batch_length=8,
+    train_ratio=16,
+    imag_horizon=3,
+    n_envs=2,
+    seed=0,
 )
 
 
@@ -56,8 +67,15 @@ def test_construction_forms():
     vec = make_vec_env("CartPole-v1", n_envs=3)
     by_vec = DreamerV3("MlpPolicy", vec, **{k: v for k, v in TINY.items() if k != "n_envs"})
     assert by_vec.n_envs == 3
-    zoo = DreamerV3(policy="MlpPolicy", env=vec, seed=1, verbose=0, device="auto", tensorboard_log=None,
-                    **{k: v for k, v in TINY.items() if k not in ("n_envs", "seed")})
+    zoo = DreamerV3(
+        policy="MlpPolicy",
+        env=vec,
+        seed=1,
+        verbose=0,
+        device="auto",
+        tensorboard_log=None,
+        **{k: v for k, v in TINY.items() if k not in ("n_envs", "seed")},
+    )
     assert zoo.seed == 1
     assert DreamerV3("Pendulum-v1", n_envs=1, _init_setup_model=False).n_envs == 1
     no_n = {k: v for k, v in TINY.items() if k != "n_envs"}
@@ -95,8 +113,13 @@ def test_learn_rows_and_updates_follow_the_ratio():
 def test_callbacks_eval_checkpoint_progress_tensorboard(tmp_path):
     model = tiny("CartPole-v1", tensorboard_log=str(tmp_path / "tb"))
     eval_env = Monitor(gym.make("CartPole-v1"))
-    eval_cb = EvalCallback(eval_env, eval_freq=20, n_eval_episodes=2, log_path=str(tmp_path / "eval"),
-                           best_model_save_path=str(tmp_path / "best"))
+    eval_cb = EvalCallback(
+        eval_env,
+        eval_freq=20,
+        n_eval_episodes=2,
+        log_path=str(tmp_path / "eval"),
+        best_model_save_path=str(tmp_path / "best"),
+    )
     ckpt = CheckpointCallback(save_freq=25, save_path=str(tmp_path / "ckpt"), save_replay_buffer=True)
     model.learn(120, callback=[eval_cb, ckpt], progress_bar=True)
     assert os.path.exists(tmp_path / "eval" / "evaluations.npz")
@@ -115,8 +138,12 @@ def test_stop_callbacks():
     assert model.num_timesteps < 10_000
     model = tiny("CartPole-v1")
     stop = StopTrainingOnRewardThreshold(reward_threshold=-1.0)
-    model.learn(10_000, callback=EvalCallback(Monitor(gym.make("CartPole-v1")), eval_freq=5,
-                                              n_eval_episodes=1, callback_on_new_best=stop))
+    model.learn(
+        10_000,
+        callback=EvalCallback(
+            Monitor(gym.make("CartPole-v1")), eval_freq=5, n_eval_episodes=1, callback_on_new_best=stop
+        ),
+    )
     assert model.num_timesteps <= 2 * 5 + 4
 
 
@@ -168,12 +195,14 @@ def test_predict_protocol_and_purity():
     act_key = np.array(model.policy.state["act_key"])
     action, state = model.predict(obs, deterministic=True)
     assert action.shape == (2,) and len(state) == 3 and state[0].shape[0] == 2
-    action2, state2 = model.predict(obs, state=state, episode_start=np.array([True, False]), deterministic=True)
+    action2, state2 = model.predict(
+        obs, state=state, episode_start=np.array([True, False]), deterministic=True
+    )
     single, single_state = model.predict(obs[0], deterministic=True)
     assert np.ndim(single) == 0 and single_state[0].shape[0] == 1
     assert single == action[0]
     after = params_of(model)
-    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
     assert np.array_equal(act_key, np.array(model.policy.state["act_key"]))
     with pytest.raises(ValueError, match="tuple"):
         model.predict(gym.make("CartPole-v1").reset())
@@ -189,7 +218,7 @@ def test_save_load_predict_identical(tmp_path):
     loaded = DreamerV3.load(path.with_suffix(".zip"), env=model.env)
     action2, state2 = loaded.predict(obs, deterministic=True)
     np.testing.assert_array_equal(action, action2)
-    for a, b in zip(state, state2):
+    for a, b in zip(state, state2, strict=True):
         np.testing.assert_array_equal(a, b)
     assert loaded.replay_buffer is None  # a loaded model allocates no replay until learn
     assert loaded.num_timesteps == model.num_timesteps
@@ -213,7 +242,7 @@ def test_split_run_equals_whole_run(tmp_path):
     second.learn(33, reset_num_timesteps=False)
 
     assert second.num_timesteps == whole.num_timesteps and second._n_updates == whole._n_updates
-    for a, b in zip(params_of(whole), params_of(second)):
+    for a, b in zip(params_of(whole), params_of(second), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -276,10 +305,10 @@ def test_foreign_and_corrupt_checkpoints(tmp_path):
         DreamerV3.load(tmp_path / "bad.zip")
     model = tiny("Pendulum-v1")
     other = tiny("Pendulum-v1", units=8)
+    before = [np.array(x) for x in params_of(other)]
     with pytest.raises(RuntimeError, match="does not fit"):
         other.set_parameters(model.get_parameters())
-    before = [np.array(x) for x in params_of(other)]
-    assert all(np.array_equal(a, b) for a, b in zip(before, params_of(other)))
+    assert all(np.array_equal(a, b) for a, b in zip(before, params_of(other), strict=True))
     # A truncated zip (an interrupted copy) fails clearly too.
     model.save(tmp_path / "ok.zip")
     data = (tmp_path / "ok.zip").read_bytes()

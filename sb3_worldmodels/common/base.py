@@ -26,12 +26,12 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.her.her_replay_buffer import HerReplayBuffer
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.save_util import load_from_zip_file
 from stable_baselines3.common.type_aliases import RolloutReturn, TrainFreq, TrainFrequencyUnit
 from stable_baselines3.common.utils import should_collect_more_steps
 from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
+from stable_baselines3.her.her_replay_buffer import HerReplayBuffer
 
 from sb3_worldmodels.common.boundary import ActionAdapter, ObservationAdapter
 from sb3_worldmodels.common.callbacks import WorldModelCallback
@@ -306,7 +306,8 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
                 origin = getattr(policy, "__module__", "?") + "." + getattr(policy, "__name__", str(policy))
                 saved = f"another algorithm (policy class {origin})"
             raise ValueError(
-                f"{path!r} was saved by {saved}, not by {cls.__name__}: load it with the algorithm that saved it."
+                f"{path!r} was saved by {saved}, not by {cls.__name__}: "
+                "load it with the algorithm that saved it."
             )
         return super().load(
             path,

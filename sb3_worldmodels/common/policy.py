@@ -94,7 +94,8 @@ class JaxPolicy(BasePolicy):
         for key, value in state_dict.items():
             if not key.startswith(PREFIX):
                 raise RuntimeError(
-                    f"Unexpected parameter {key!r}: this checkpoint was not written by an sb3_worldmodels agent."
+                    f"Unexpected parameter {key!r}: this checkpoint was not written by an "
+                    "sb3_worldmodels agent."
                 )
             flat[key[len(PREFIX) :]] = value.detach().cpu().numpy() if isinstance(value, th.Tensor) else value
         self.state = restore_state(self.state, flat, type(self).__name__)

@@ -31,7 +31,9 @@ class _RolloutState(NamedTuple):
 
 
 _CONFIG_FIELDS = tuple(
-    f for f in DreamerV3Config.__dataclass_fields__ if f not in ("obs_dim", "action_dim", "discrete", "learning_rate")
+    f
+    for f in DreamerV3Config.__dataclass_fields__
+    if f not in ("obs_dim", "action_dim", "discrete", "learning_rate")
 )
 
 
@@ -126,19 +128,38 @@ class DreamerV3(WorldModelAlgorithm):
         self.model_size = model_size
         self.units, self.deter, self.hidden, self.classes = units, deter, hidden, classes
         self.stoch, self.blocks = stoch, blocks
-        self.enc_layers, self.dec_layers, self.rew_layers, self.con_layers = enc_layers, dec_layers, rew_layers, con_layers
+        self.enc_layers, self.dec_layers, self.rew_layers, self.con_layers = (
+            enc_layers,
+            dec_layers,
+            rew_layers,
+            con_layers,
+        )
         self.actor_layers, self.critic_layers, self.bins = actor_layers, critic_layers, bins
         self.free_nats, self.unimix, self.actor_unimix = free_nats, unimix, actor_unimix
         self.dyn_scale, self.rep_scale, self.rec_scale = dyn_scale, rep_scale, rec_scale
         self.rew_scale, self.con_scale, self.actor_scale = rew_scale, con_scale, actor_scale
         self.critic_scale, self.repval_scale = critic_scale, repval_scale
         self.train_ratio, self.batch_length = train_ratio, batch_length
-        self.imag_horizon, self.return_horizon, self.lam, self.repval_lam = imag_horizon, return_horizon, lam, repval_lam
+        self.imag_horizon, self.return_horizon, self.lam, self.repval_lam = (
+            imag_horizon,
+            return_horizon,
+            lam,
+            repval_lam,
+        )
         self.actent, self.slowreg, self.slow_rate = actent, slowreg, slow_rate
-        self.retnorm_rate, self.retnorm_limit, self.minstd, self.maxstd = retnorm_rate, retnorm_limit, minstd, maxstd
+        self.retnorm_rate, self.retnorm_limit, self.minstd, self.maxstd = (
+            retnorm_rate,
+            retnorm_limit,
+            minstd,
+            maxstd,
+        )
         self.agc, self.agc_pmin, self.beta1, self.beta2, self.eps = agc, agc_pmin, beta1, beta2, eps
         self.warmup, self.weight_decay = warmup, weight_decay
-        self.replay_capacity, self.episode_length, self.action_repeat = replay_capacity, episode_length, action_repeat
+        self.replay_capacity, self.episode_length, self.action_repeat = (
+            replay_capacity,
+            episode_length,
+            action_repeat,
+        )
         self.n_envs_requested = n_envs
         super().__init__(
             policy=policy,
@@ -187,7 +208,9 @@ class DreamerV3(WorldModelAlgorithm):
         }
 
     def _reset_schedule(self) -> None:
-        self._schedule = RatioSchedule(self._config.train_ratio, self._config.batch_size, self._config.batch_length)
+        self._schedule = RatioSchedule(
+            self._config.train_ratio, self._config.batch_size, self._config.batch_length
+        )
         self._rows = 0
 
     def _excluded_save_params(self) -> list[str]:
@@ -225,21 +248,29 @@ class DreamerV3(WorldModelAlgorithm):
                 f"n_envs (buffer n_envs={buffer.n_envs}, model n_envs={self.n_envs})."
             )
 
-    def _setup_learn(self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run",
-                     progress_bar=False):
-        total, callback = super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name,
-                                               progress_bar)
+    def _setup_learn(
+        self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run", progress_bar=False
+    ):
+        total, callback = super()._setup_learn(
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+        )
         cfg = self._config
         if self.replay_buffer is None:
             self.replay_buffer = SequenceReplay(
-                self.replay_capacity, self.observation_space, self.action_space, n_envs=self.n_envs,
-                fields=self._replay_fields(), window=cfg.batch_length + 1,
+                self.replay_capacity,
+                self.observation_space,
+                self.action_space,
+                n_envs=self.n_envs,
+                fields=self._replay_fields(),
+                window=cfg.batch_length + 1,
                 seed=0 if self.seed is None else int(self.seed),
             )
         # Rows this run can still write per env: its share of the remaining rows, plus one reset row
         # per episode at most (an episode has at least one step) and a vector step of slack.
         remaining = max(0, total - self.num_timesteps)
-        self.replay_buffer.reserve(self.replay_buffer.rows_per_env.max(initial=0) + math.ceil(remaining / self.n_envs) + 2)
+        self.replay_buffer.reserve(
+            self.replay_buffer.rows_per_env.max(initial=0) + math.ceil(remaining / self.n_envs) + 2
+        )
         if reset_num_timesteps:
             self._rollout = None
             self._reset_schedule()
@@ -264,30 +295,47 @@ class DreamerV3(WorldModelAlgorithm):
         state = self.policy.state
         act_key, step_key = jax.random.split(state["act_key"])
         action, carry, deter, stoch = core.policy_step_jit(
-            self._config, core.policy_params(state["agent"]), roll.carry, jnp.asarray(obs),
-            jnp.asarray(roll.pending.is_first), step_key, deterministic=False,
+            self._config,
+            core.policy_params(state["agent"]),
+            roll.carry,
+            jnp.asarray(obs),
+            jnp.asarray(roll.pending.is_first),
+            step_key,
+            deterministic=False,
         )
         self.policy.state = {**state, "act_key": act_key}
         action = np.asarray(action)
         if self.num_timesteps < learning_starts:
-            action = self.action_adapter.random(self.n_envs, np.random.default_rng([self._rows, self.seed or 0]))
+            action = self.action_adapter.random(
+                self.n_envs, np.random.default_rng([self._rows, self.seed or 0])
+            )
             carry = carry._replace(action=jnp.asarray(action))
         self._rollout = roll._replace(carry=carry, latent=(np.asarray(deter), np.asarray(stoch)))
         self._current_obs = obs
         self._current_action = action
         return action
 
-    def _collect_observe(self, new_obs: Any, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]) -> None:
+    def _collect_observe(
+        self, new_obs: Any, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+    ) -> None:
         roll = self._rollout
         n = self.n_envs
         deter, stoch = roll.latent
         envs = np.arange(n)
         zeros = np.zeros(n, bool)
-        items = self.replay_buffer.add_rows(envs, {
-            "obs": self._current_obs, "action": self._current_action.astype(np.float32),
-            "reward": roll.pending.reward, "is_first": roll.pending.is_first, "is_last": zeros,
-            "is_terminal": zeros, "deter": deter, "stoch": stoch.astype(np.int32),
-        })
+        items = self.replay_buffer.add_rows(
+            envs,
+            {
+                "obs": self._current_obs,
+                "action": self._current_action.astype(np.float32),
+                "reward": roll.pending.reward,
+                "is_first": roll.pending.is_first,
+                "is_last": zeros,
+                "is_terminal": zeros,
+                "deter": deter,
+                "stoch": stoch.astype(np.int32),
+            },
+        )
         self._advance_schedule(items)
         rewards = np.asarray(rewards, dtype=np.float32)
         done_envs = np.flatnonzero(dones)
@@ -298,12 +346,19 @@ class DreamerV3(WorldModelAlgorithm):
             truncated = np.array([infos[i].get("TimeLimit.truncated", False) for i in done_envs], bool)
             k = done_envs.size
             cfg = self._config
-            items = self.replay_buffer.add_rows(done_envs, {
-                "obs": terminal_obs, "action": np.zeros((k, cfg.action_dim), np.float32),
-                "reward": rewards[done_envs], "is_first": np.zeros(k, bool), "is_last": np.ones(k, bool),
-                "is_terminal": ~truncated, "deter": np.zeros((k, cfg.deter), np.float32),
-                "stoch": np.zeros((k, cfg.stoch), np.int32),
-            })
+            items = self.replay_buffer.add_rows(
+                done_envs,
+                {
+                    "obs": terminal_obs,
+                    "action": np.zeros((k, cfg.action_dim), np.float32),
+                    "reward": rewards[done_envs],
+                    "is_first": np.zeros(k, bool),
+                    "is_last": np.ones(k, bool),
+                    "is_terminal": ~truncated,
+                    "deter": np.zeros((k, cfg.deter), np.float32),
+                    "stoch": np.zeros((k, cfg.stoch), np.int32),
+                },
+            )
             self._advance_schedule(items)
         next_reward = np.where(dones, 0.0, rewards).astype(np.float32)
         self._rollout = roll._replace(pending=_Pending(next_reward, np.asarray(dones, bool).copy()))
@@ -311,7 +366,9 @@ class DreamerV3(WorldModelAlgorithm):
     def _terminal_observations(self, infos: list[dict], done_envs: np.ndarray) -> np.ndarray:
         observations = [infos[i].get("terminal_observation") for i in done_envs]
         if any(o is None for o in observations):
-            raise RuntimeError("The VecEnv did not report info['terminal_observation'] for a finished episode.")
+            raise RuntimeError(
+                "The VecEnv did not report info['terminal_observation'] for a finished episode."
+            )
         if isinstance(observations[0], dict):
             batch = {k: np.stack([o[k] for o in observations]) for k in observations[0]}
         else:
@@ -355,9 +412,13 @@ class DreamerV3(WorldModelAlgorithm):
             all_metrics.append(jax.device_get(metrics))
         self.policy.state = {**state, "agent": agent_state}
         self._n_updates += owed
-        stacked = {key: np.concatenate([np.atleast_1d(m[key]) for m in all_metrics]) for key in all_metrics[0]}
+        stacked = {
+            key: np.concatenate([np.atleast_1d(m[key]) for m in all_metrics]) for key in all_metrics[0]
+        }
         for i in range(owed):
-            self._log_post_update({f"train/{key}": float(v[min(i, len(v) - 1)]) for key, v in stacked.items()})
+            self._log_post_update(
+                {f"train/{key}": float(v[min(i, len(v) - 1)]) for key, v in stacked.items()}
+            )
         for key, values in stacked.items():
             self.logger.record(f"train/{key}", float(np.mean(values)))
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
@@ -366,8 +427,13 @@ class DreamerV3(WorldModelAlgorithm):
         self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)
 
     # ------------------------------------------------------------------ predict
-    def predict(self, observation: Any, state: tuple[np.ndarray, ...] | None = None,
-                episode_start: np.ndarray | None = None, deterministic: bool = False):
+    def predict(
+        self,
+        observation: Any,
+        state: tuple[np.ndarray, ...] | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = False,
+    ):
         """RecurrentPPO's protocol: ``state`` = (deter (n, D), stoch (n, S, C), previous action (n, A)),
         env axis first; rows where ``episode_start`` is true (or all, when ``state`` is None) restart.
         Uses its own RNG stream: training and collection are never touched.
@@ -380,13 +446,22 @@ class DreamerV3(WorldModelAlgorithm):
         else:
             carry = core.Carry(*(jnp.asarray(s) for s in state))
             if carry.deter.shape[0] != n:
-                raise ValueError(f"state holds {carry.deter.shape[0]} envs but the observation batch has {n}.")
-            starts = np.zeros(n, bool) if episode_start is None else np.asarray(episode_start, bool).reshape(n)
+                raise ValueError(
+                    f"state holds {carry.deter.shape[0]} envs but the observation batch has {n}."
+                )
+            starts = (
+                np.zeros(n, bool) if episode_start is None else np.asarray(episode_start, bool).reshape(n)
+            )
         key = jax.random.fold_in(self.policy.state["predict_key"], self._predict_calls)
         self._predict_calls += 1
         action, carry, _, _ = core.policy_step_jit(
-            self._config, core.policy_params(self.policy.state["agent"]), carry, jnp.asarray(obs),
-            jnp.asarray(starts), key, deterministic=bool(deterministic),
+            self._config,
+            core.policy_params(self.policy.state["agent"]),
+            carry,
+            jnp.asarray(obs),
+            jnp.asarray(starts),
+            key,
+            deterministic=bool(deterministic),
         )
         env_action = self.action_adapter.to_env(np.asarray(action))
         new_state = tuple(np.asarray(x) for x in carry)
