@@ -4,13 +4,15 @@
     python benchmarks/profile_update.py --size tiny --batch 2 --length 4
     python benchmarks/profile_update.py --breakdown              # time jitted pieces of one update
     python benchmarks/profile_update.py --hlo                    # HLO sizes of train_many / policy_step
+    python benchmarks/profile_update.py --init-only              # init_state alone, in a fresh process
     PYTHONPATH=/path/to/copy python benchmarks/profile_update.py --impl other_pkg.dreamerv3.agent --impl \
         sb3_worldmodels.dreamerv3.agent                          # side-by-side, step timings interleaved
 
 Every timing is a median over ``--repeats`` runs. With several ``--impl`` modules, each one is built
-in this process (init, lower, compile are measured one after the other in a fresh jit cache, so run
-the script twice with the order swapped to see the order's effect), then the compiled updates are
-timed round-robin, so a busy neighbour on the CPU affects every implementation alike.
+in this process (init, lower, compile one after the other; the first init of a process also pays
+for starting JAX, so take init times from ``--init-only`` runs), then the compiled updates are timed
+round-robin, so a busy neighbour on the CPU affects every implementation alike. An ``--impl`` is any
+importable copy of the package's ``dreamerv3.agent`` module (e.g. an older version renamed).
 
 Prints one JSON line per implementation (and one for the breakdown).
 """
@@ -141,6 +143,24 @@ def build(module_name: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"result": result, "compiled": compiled, "state": out[0], "batches": batches, "agent": agent}
 
 
+def time_init(module_name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """init_state in this (fresh) process: the first call includes every compilation it needs."""
+    t = time.perf_counter()
+    agent = importlib.import_module(module_name)
+    config_module = importlib.import_module(module_name.rsplit(".", 1)[0] + ".config")
+    import_s = time.perf_counter() - t
+    config = make_config(args, config_module.preset)
+    first, _ = timed(lambda: agent.init_state(config, jax.random.PRNGKey(0)))
+    again = [timed(lambda i=i: agent.init_state(config, jax.random.PRNGKey(i)))[0] for i in range(1, 6)]
+    return {
+        "impl": module_name,
+        "size": args.size,
+        "import_s": round(import_s, 2),
+        "init_s_first": round(first, 2),
+        "init_s_again_median": round(float(np.median(again)), 3),
+    }
+
+
 def time_round_robin(builds: list[dict[str, Any]], repeats: int) -> None:
     times: list[list[float]] = [[] for _ in builds]
     for _ in range(repeats):
@@ -160,7 +180,9 @@ def time_round_robin(builds: list[dict[str, Any]], repeats: int) -> None:
 
 
 def breakdown(b: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Compile and median run time of jitted pieces of one update (each piece on its own)."""
     agent = b["agent"]
+    nets = importlib.import_module(agent.__name__.rsplit(".", 1)[0] + ".networks")
     config_module = importlib.import_module(agent.__name__.rsplit(".", 1)[0] + ".config")
     config = make_config(args, config_module.preset)
     state = b["state"]
@@ -168,48 +190,18 @@ def breakdown(b: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     noise = agent.sample_noise(config, jax.random.PRNGKey(1), config.batch_size, config.batch_length)
     params, slow, retnorm = state.params, state.slow_critic, state.retnorm
     n = config.batch_size * config.batch_length
+    h = config.imag_horizon
     rng = np.random.default_rng(0)
     deter = jnp.asarray(rng.normal(size=(n, config.deter)).astype(np.float32))
     stoch = jax.nn.one_hot(rng.integers(0, config.classes, (n, config.stoch)), config.classes)
-    img_feat = jnp.asarray(
-        rng.normal(size=(n, config.imag_horizon + 1, config.feat_dim)).astype(np.float32)
-    )
+    img_feat = jnp.asarray(rng.normal(size=(h, n, config.feat_dim)).astype(np.float32))
 
     def loss_total(p: dict) -> jax.Array:
         return agent.loss_fn(config, p, slow, retnorm, batch, noise)[0]
 
-    pieces: dict[str, tuple[Callable[..., Any], tuple]] = {
-        "loss_forward": (jax.jit(loss_total), (params,)),
-        "loss_value_and_grad": (jax.jit(jax.value_and_grad(loss_total)), (params,)),
-        "update_with_noise": (
-            jax.jit(lambda s: agent.update_with_noise(config, s, batch, noise)[:3]),
-            (state,),
-        ),
-        "imagine": (
-            jax.jit(lambda p, d, s: agent._imagine(config, {"dyn": p["dyn"], "actor": p["actor"]}, d, s, noise)),
-            (params, deter, stoch),
-        ),
-    }
-    nets = agent.make_networks(config)
-
-    def heads(p: dict, feat: jax.Array) -> Any:
-        return [
-            agent._apply(getattr(nets, name), p[name], feat) for name in ("rew", "con", "actor", "critic")
-        ] + [agent._apply(nets.critic, slow, feat)]
-
-    def heads_grad(p: dict, feat: jax.Array) -> Any:
-        def total(p: dict) -> jax.Array:
-            outs = heads(p, feat)
-            return sum(jnp.sum(jnp.square(o[0] if isinstance(o, tuple) else o)) for o in outs)
-
-        return jax.grad(total)(p)
-
-    pieces["heads_on_imagined_forward"] = (jax.jit(heads), (params, img_feat))
-    pieces["heads_on_imagined_fwd_bwd"] = (jax.jit(heads_grad), (params, img_feat))
-
     def observe_grad(p: dict) -> Any:
         def total(p: dict) -> jax.Array:
-            embed = agent._apply(nets.enc, p["enc"], batch["obs"][:, 1:])
+            embed = nets.encode(config, p["enc"], batch["obs"][:, 1:])
             start = agent.Carry(
                 batch["deter"][:, 0],
                 jax.nn.one_hot(batch["stoch"][:, 0], config.classes),
@@ -222,12 +214,43 @@ def breakdown(b: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 
         return jax.grad(total)(p)
 
-    pieces["observe_fwd_bwd"] = (jax.jit(observe_grad), (params,))
+    def imagine(p: dict, d: jax.Array, s: jax.Array) -> Any:
+        return agent._imagine(config, {"dyn": p["dyn"], "actor": p["actor"]}, d, s, noise)
+
+    def heads(p: dict, feat: jax.Array) -> Any:
+        """Imagined-state heads: actor and critic with gradient, slow critic, reward and continue without."""
+
+        def total(p: dict) -> jax.Array:
+            actor_h, critic_h = nets.mlp_trunks(
+                feat, [(p["actor"], "h", config.actor_layers), (p["critic"], "h", config.critic_layers)]
+            )
+            out = nets.actor_out(p["actor"], actor_h)[0].sum() + nets.head_out(p["critic"], critic_h).sum()
+            nog = jax.lax.stop_gradient((slow, p["rew"], p["con"]))
+            hs = nets.mlp_trunks(
+                feat,
+                [(nog[0], "h", config.critic_layers), (nog[1], "h", config.rew_layers), (nog[2], "h", 1)],
+            )
+            return out + sum(nets.head_out(q, x).sum() for q, x in zip(nog, hs, strict=True))
+
+        return jax.grad(total)(p)
+
     opt = agent.make_optimizer(config)
-    pieces["optimizer"] = (
-        jax.jit(lambda g, s, p: opt.update(g, s, p)),
-        (params, state.opt_state, params),
-    )
+    pieces: dict[str, tuple[Callable[..., Any], tuple]] = {
+        "sample_noise": (
+            jax.jit(lambda k: agent.sample_noise(config, k, config.batch_size, config.batch_length)),
+            (jax.random.PRNGKey(2),),
+        ),
+        "observe_fwd_bwd": (jax.jit(observe_grad), (params,)),
+        "imagine": (jax.jit(imagine), (params, deter, stoch)),
+        "imagined_heads_fwd_bwd": (jax.jit(heads), (params, img_feat)),
+        "loss_forward": (jax.jit(loss_total), (params,)),
+        "loss_value_and_grad": (jax.jit(jax.value_and_grad(loss_total)), (params,)),
+        "optimizer": (jax.jit(lambda g, s, p: opt.update(g, s, p)), (params, state.opt_state, params)),
+        "update_with_noise": (
+            jax.jit(lambda s: agent.update_with_noise(config, s, batch, noise)[:3]),
+            (state,),
+        ),
+    }
     result: dict[str, Any] = {"impl": agent.__name__, "breakdown_ms_median": {}, "compile_s": {}}
     for name, (fn, fn_args) in pieces.items():
         t = time.perf_counter()
@@ -240,7 +263,9 @@ def breakdown(b: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--impl", action="append", help="agent module(s); default the package's own")
     parser.add_argument("--size", default="1m", choices=sorted(SIZES))
     parser.add_argument("--batch", type=int, default=16)
@@ -250,8 +275,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--breakdown", action="store_true")
     parser.add_argument("--hlo", action="store_true", help="report HLO instruction counts")
+    parser.add_argument(
+        "--init-only",
+        action="store_true",
+        help="time init_state of the first --impl only (use a fresh process)",
+    )
     args = parser.parse_args()
     impls = args.impl or ["sb3_worldmodels.dreamerv3.agent"]
+    if args.init_only:
+        print(json.dumps(time_init(impls[0], args)), flush=True)
+        return
     builds = [build(name, args) for name in impls]
     time_round_robin(builds, args.repeats)
     common = dict(

@@ -214,9 +214,11 @@ def test_train_many_equals_train_steps(trained: dict[str, Any]) -> None:
     for k, (_, lat) in enumerate(singles):
         np.testing.assert_allclose(latents["deter"][k], lat["deter"], rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(latents["stoch"][k], lat["stoch"])
+    # Metrics of every update, with a leading K (not averaged).
     for key in metrics:
-        mean = np.mean([float(m[key]) for m, _ in singles])
-        np.testing.assert_allclose(metrics[key], mean, rtol=1e-4, atol=1e-6, err_msg=key)
+        assert metrics[key].shape == (2,), key
+        for k, (m, _) in enumerate(singles):
+            np.testing.assert_allclose(metrics[key][k], m[key], rtol=1e-4, atol=1e-6, err_msg=key)
 
 
 @pytest.mark.parametrize("discrete", [True, False])
@@ -284,3 +286,78 @@ def test_gradient_paths(trained: dict[str, Any]) -> None:
     assert touched(1) == {"critic"}
     assert touched(2) == {"critic", "enc", "dyn"}
     assert touched(3) == {"enc", "dyn", "dec", "rew", "con"}
+
+
+def test_init_state_parameters_and_optimizer_state() -> None:
+    """init_state assembles init_params of the split-off key and the optimiser's own fresh state."""
+    config = tiny_config(False)
+    key = jax.random.PRNGKey(4)
+    state = A.init_state(config, key)
+    params, slow = jax.jit(A.init_params, static_argnums=0)(config, jax.random.split(key)[1])
+    leaves = jax.tree_util.tree_leaves
+    for a, b in zip(leaves((state.params, state.slow_critic)), leaves((params, slow)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    fresh = A.make_optimizer(config).init(state.params)
+    assert jax.tree_util.tree_structure(state.opt_state) == jax.tree_util.tree_structure(fresh)
+    for a, b in zip(leaves(state.opt_state), leaves(fresh), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    # Kernel scales follow fan-in and outscale (§8.2): std 1/sqrt(fan-in) within sampling error.
+    kernel = np.asarray(state.params["dyn"]["dyn0"]["kernel"])
+    fan_in = kernel.shape[0] * kernel.shape[1]
+    assert abs(kernel.std() * np.sqrt(fan_in) - 1.0) < 0.1
+    assert np.abs(kernel).max() <= 2 * 1.1368 / np.sqrt(fan_in) * (1 + 1e-6)
+    actor_out = np.asarray(state.params["actor"]["out"]["kernel"])
+    assert 0 < np.abs(actor_out).max() <= 2 * 1.1368 * 0.01 / np.sqrt(actor_out.shape[0]) * (1 + 1e-6)
+
+
+def test_pure_forward_matches_the_flax_modules() -> None:
+    """The agent's pure network functions compute what the flax modules compute on the same trees."""
+    from sb3_worldmodels.dreamerv3 import networks as N
+
+    config = tiny_config(False)
+    state = A.init_state(config, jax.random.PRNGKey(5))
+    p = jax.tree_util.tree_map(  # non-trivial biases, norm scales and output layers
+        lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), state.params
+    )
+    nets = N.make_networks(config)
+    rng = np.random.default_rng(0)
+    n = 5
+    obs = jnp.asarray(rng.normal(size=(n, config.obs_dim)), jnp.float32)
+    deter = jnp.asarray(rng.normal(size=(n, config.deter)), jnp.float32)
+    stoch = jax.nn.one_hot(rng.integers(0, config.classes, (n, config.stoch)), config.classes)
+    action = jnp.asarray(3 * rng.normal(size=(n, config.action_dim)), jnp.float32)
+    embed = jnp.asarray(rng.normal(size=(n, config.units)), jnp.float32)
+    feat = N.features(deter, stoch)
+
+    def apply(module, params, *args, method=None):
+        return module.apply({"params": params}, *args, method=method)
+
+    dyn = N.rssm_prepare(config, p["dyn"])
+    dyn_module = nets.dyn
+    pairs = [
+        (N.encode(config, p["enc"], obs), apply(nets.enc, p["enc"], obs)),
+        (
+            N.rssm_core(config, dyn, deter, stoch, action),
+            apply(dyn_module, p["dyn"], deter, stoch, action, method="core"),
+        ),
+        (N.rssm_prior(config, dyn, deter), apply(dyn_module, p["dyn"], deter, method="prior")),
+        (
+            N.rssm_posterior(config, dyn, deter, embed),
+            apply(dyn_module, p["dyn"], deter, embed, method="posterior"),
+        ),
+    ]
+    trunks = [(p["dec"], "mlp", config.dec_layers), (p["rew"], "h", config.rew_layers)]
+    trunks += [(p["con"], "h", config.con_layers), (p["critic"], "h", config.critic_layers)]
+    trunks += [(p["actor"], "h", config.actor_layers)]
+    dec_h, rew_h, con_h, critic_h, actor_h = N.mlp_trunks(feat, trunks)
+    pairs += [
+        (N.decode(p["dec"], dec_h), apply(nets.dec, p["dec"], feat)),
+        (N.head_out(p["rew"], rew_h), apply(nets.rew, p["rew"], feat)),
+        (N.head_out(p["con"], con_h), apply(nets.con, p["con"], feat)),
+        (N.head_out(p["critic"], critic_h), apply(nets.critic, p["critic"], feat)),
+        (N.actor_out(p["actor"], actor_h), apply(nets.actor, p["actor"], feat)),
+    ]
+    for ours, ref in pairs:
+        for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(ref), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

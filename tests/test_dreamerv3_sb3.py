@@ -326,3 +326,17 @@ def test_replay_buffer_mismatch_is_refused(tmp_path):
     with pytest.raises(ValueError, match="does not fit"):
         other.load_replay_buffer(tmp_path / "rb.pkl")
     assert other.replay_buffer is None
+
+
+def test_learning_rate_schedule_reaches_the_optimiser():
+    from sb3_worldmodels.blocks.optim import get_learning_rate
+
+    model = tiny("CartPole-v1", learning_rate=lambda progress: 1e-4 + 1e-3 * progress)
+    model.learn(60)
+    used = float(get_learning_rate(model.policy.state["agent"].opt_state))
+    # The rate of the last training call: the schedule at the progress remaining at its end.
+    assert 1e-4 <= used < 1.1e-3
+    assert np.isclose(used, model.lr_schedule(model._current_progress_remaining), rtol=1e-6)
+    constant = tiny("CartPole-v1", learning_rate=2e-4)
+    constant.learn(60)
+    assert np.isclose(float(get_learning_rate(constant.policy.state["agent"].opt_state)), 2e-4)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,23 @@ def _walk_callbacks(callback: BaseCallback | None) -> Iterator[BaseCallback]:
         child = getattr(callback, attr, None)
         if isinstance(child, BaseCallback) and child is not callback:
             yield from _walk_callbacks(child)
+
+
+def _write_atomically(path: str | os.PathLike, suffix: str, write: Callable[[str], None]) -> None:
+    """Call ``write`` on a temporary file beside ``path`` (``suffix`` added when it has none), then
+    rename it into place, so an interrupted save never leaves a truncated file behind."""
+    target = Path(path)
+    if target.suffix == "":
+        target = target.with_suffix(suffix)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp" + suffix, dir=target.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 class WorldModelAlgorithm(OffPolicyAlgorithm):
@@ -235,38 +252,19 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         """SB3's zip format, written atomically (a temporary file renamed into place)."""
         if not isinstance(path, (str, os.PathLike)):
             return super().save(path, exclude=exclude, include=include)
-        target = Path(path)
-        if target.suffix == "":
-            target = target.with_suffix(".zip")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp.zip", dir=target.parent)
-        os.close(fd)
-        try:
-            super().save(tmp, exclude=exclude, include=include)
-            os.replace(tmp, target)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        _write_atomically(
+            path, ".zip", lambda tmp: super(WorldModelAlgorithm, self).save(tmp, exclude, include)
+        )
 
     def save_replay_buffer(self, path: str | os.PathLike | Any) -> None:
+        """Pickle the replay buffer (SB3's format), written atomically."""
         if self.replay_buffer is None:
             raise ValueError(
                 "There is no replay buffer to save yet: it is created by the first learn() call."
             )
         if not isinstance(path, (str, os.PathLike)):
             return super().save_replay_buffer(path)
-        target = Path(path)
-        if target.suffix == "":
-            target = target.with_suffix(".pkl")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp.pkl", dir=target.parent)
-        os.close(fd)
-        try:
-            super().save_replay_buffer(tmp)
-            os.replace(tmp, target)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        _write_atomically(path, ".pkl", lambda tmp: super(WorldModelAlgorithm, self).save_replay_buffer(tmp))
 
     def load_replay_buffer(self, path: Any, truncate_last_traj: bool = True) -> None:
         previous = self.replay_buffer

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.extend.random import threefry_2x32
 
 from sb3_worldmodels.blocks.distributions import (
     bernoulli_log_prob,
@@ -40,6 +41,7 @@ from sb3_worldmodels.blocks.distributions import (
     onehot_mode,
     symlog_mse_log_prob,
 )
+from sb3_worldmodels.blocks.layers import TRUNC_NORMAL_STD_CORRECTION
 from sb3_worldmodels.blocks.math import (
     imagination_weight,
     imagined_lambda_return,
@@ -55,12 +57,12 @@ from sb3_worldmodels.blocks.normalizers import (
     percentile_norm_scale,
     percentile_norm_update,
 )
-from sb3_worldmodels.blocks.optim import laprop
+from sb3_worldmodels.blocks.optim import laprop, with_learning_rate
+from sb3_worldmodels.dreamerv3 import networks as N
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config
 from sb3_worldmodels.dreamerv3.networks import (
     actor_dist,
     actor_mode,
-    actor_sample,
     features,
     make_networks,
     sample_onehot,
@@ -161,8 +163,8 @@ def _bins(config: DreamerV3Config) -> Array:
     return jnp.asarray(symexp_bins(config.bins))
 
 
-def init_params(config: DreamerV3Config, key: Array) -> tuple[dict, dict]:
-    """Fresh parameters (§8.2): (params of :data:`MODULES`, an independently initialised slow critic)."""
+def _flax_init(config: DreamerV3Config, key: Array) -> tuple[dict, dict]:
+    """The modules' own flax ``init``; :func:`init_params` uses its tree structure and shapes."""
     nets = make_networks(config)
     keys = dict(zip((*MODULES, "slow_critic"), jax.random.split(key, len(MODULES) + 1), strict=True))
     n = 1
@@ -185,20 +187,80 @@ def init_params(config: DreamerV3Config, key: Array) -> tuple[dict, dict]:
     return params, slow_critic
 
 
+@functools.cache
+def _param_layout(config: DreamerV3Config) -> tuple[Any, list[tuple[tuple[int, ...], float, float]], int]:
+    """(tree structure, per leaf (shape, kernel std or 0, fill value), number of drawn values)."""
+    shapes = jax.eval_shape(lambda k: _flax_init(config, k), jax.ShapeDtypeStruct((2,), jnp.uint32))
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+    specs = []
+    for path, leaf in leaves:
+        tree, *names = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+        std = 0.0
+        if names[-1] == "kernel":
+            module = names[0] if tree == 0 else "critic"  # tree 1 is the slow critic
+            outscale = N.OUTSCALES.get((module, names[-2]), 1.0)
+            std = TRUNC_NORMAL_STD_CORRECTION * outscale / float(np.sqrt(np.prod(leaf.shape[:-1])))
+        specs.append((tuple(leaf.shape), std, 1.0 if names[-1] == "scale" else 0.0))
+    total = sum(int(np.prod(shape)) for shape, std, _ in specs if std)
+    return treedef, specs, total
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _kernel_draw(key: Array, total: int) -> Array:
+    return jax.random.truncated_normal(key, -2.0, 2.0, (total,), jnp.float32)
+
+
+def _assemble_params(config: DreamerV3Config, key: Array, xp: Any) -> tuple[dict, dict]:
+    treedef, specs, total = _param_layout(config)
+    flat = _kernel_draw(key, total)
+    if xp is np:
+        flat = np.asarray(flat)
+    values, offset = [], 0
+    for shape, std, fill in specs:
+        if not std:  # biases, norm scales and zero-scaled kernels
+            values.append(xp.full(shape, fill, np.float32))
+            continue
+        size = int(np.prod(shape))
+        values.append(flat[offset : offset + size].reshape(shape) * np.float32(std))
+        offset += size
+    return jax.tree_util.tree_unflatten(treedef, values)
+
+
+def init_params(config: DreamerV3Config, key: Array) -> tuple[dict, dict]:
+    """Fresh parameters (§8.2): (params of :data:`MODULES`, an independently initialised slow critic).
+
+    The trees are those of the flax modules (:func:`~sb3_worldmodels.dreamerv3.networks.make_networks`)
+    and the values follow their initialisers' distributions: every kernel N(0, 1) truncated to
+    [−2, 2] times 1.1368·outscale/sqrt(fan-in) (fan-in: all kernel axes but the last; outscale from
+    :data:`~sb3_worldmodels.dreamerv3.networks.OUTSCALES`, else 1), biases 0 and norm scales 1. All
+    kernels are cut from one draw of ``key``: one small computation to compile instead of one per
+    layer (running flax's init op by op compiles every operation separately and takes seconds).
+    Traceable (e.g. under ``jax.eval_shape``).
+    """
+    return _assemble_params(config, key, jnp)
+
+
 def init_state(config: DreamerV3Config, key: Array) -> DreamerState:
-    """A fresh agent state from a (2,) uint32 PRNG key."""
+    """A fresh agent state from a (2,) uint32 PRNG key.
+
+    The parameters equal :func:`init_params` of the split-off key; they and the optimiser state (all
+    zeros but the learning rate) are assembled on the host around one jitted draw.
+    """
     key = jnp.asarray(key)
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.key_data(key)
     key, init_key = jax.random.split(key)
-    params, slow_critic = init_params(config, init_key)
+    params, slow_critic = _assemble_params(config, init_key, np)
+    opt_shapes = jax.eval_shape(make_optimizer(config).init, params)
+    opt_state = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), opt_shapes)
+    params, slow_critic, opt_state = jax.device_put((params, slow_critic, opt_state))
     return DreamerState(
         params=params,
         slow_critic=slow_critic,
-        opt_state=make_optimizer(config).init(params),
+        opt_state=with_learning_rate(opt_state, config.learning_rate),
         retnorm=percentile_norm_init(),
         key=key,
-        updates=jnp.zeros((), jnp.int32),
+        updates=jnp.asarray(np.int32(0)),
     )
 
 
@@ -217,31 +279,30 @@ def policy_params(state: DreamerState) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-# Module application helpers
+# Network helpers (pure functions of networks.py on the parameter trees)
 # ------------------------------------------------------------------------------------------------
 
 
-def _apply(module: Any, params: dict, *args: Any, method: Any = None) -> Any:
-    return module.apply({"params": params}, *args, method=method)
+def _trunk(p: dict, prefix: str, layers: int) -> tuple[dict, str, int]:
+    return (p, prefix, layers)
 
 
-def _core(config: DreamerV3Config, dyn: dict, deter: Array, stoch: Array, action: Array) -> Array:
-    rssm = make_networks(config).dyn
-    return _apply(rssm, dyn, deter, stoch, action, method=type(rssm).core)
+def _actor_trunk(config: DreamerV3Config, p: dict) -> tuple[dict, str, int]:
+    return (p, "h", config.actor_layers)
 
 
-def _prior(config: DreamerV3Config, dyn: dict, deter: Array) -> Array:
-    rssm = make_networks(config).dyn
-    return _apply(rssm, dyn, deter, method=type(rssm).prior)
-
-
-def _posterior(config: DreamerV3Config, dyn: dict, deter: Array, embed: Array) -> Array:
-    rssm = make_networks(config).dyn
-    return _apply(rssm, dyn, deter, embed, method=type(rssm).posterior)
+def _critic_trunk(config: DreamerV3Config, p: dict) -> tuple[dict, str, int]:
+    return (p, "h", config.critic_layers)
 
 
 def _actor(config: DreamerV3Config, actor: dict, feat: Array) -> tuple[Array, Array | None]:
-    return actor_dist(config, *_apply(make_networks(config).actor, actor, feat))
+    (hidden,) = N.mlp_trunks(feat, [_actor_trunk(config, actor)])
+    return actor_dist(config, *N.actor_out(actor, hidden))
+
+
+def _critic_logits(config: DreamerV3Config, critic: dict, feat: Array) -> Array:
+    (hidden,) = N.mlp_trunks(feat, [_critic_trunk(config, critic)])
+    return N.head_out(critic, hidden)
 
 
 def _actor_log_prob(config: DreamerV3Config, dist: tuple[Array, Array | None], action: Array) -> Array:
@@ -254,6 +315,13 @@ def _actor_entropy(config: DreamerV3Config, dist: tuple[Array, Array | None]) ->
     if config.discrete:
         return categorical_entropy(dist[0])
     return normal_entropy(dist[1])
+
+
+def _sample_no_grad(config: DreamerV3Config, dist: tuple[Array, Array | None], noise: Array) -> Array:
+    """The forward value of :func:`actor_sample`: the straight-through term p − sg(p) is exactly 0."""
+    if config.discrete:
+        return onehot_mode(dist[0] + noise)
+    return dist[0] + dist[1] * noise
 
 
 # ------------------------------------------------------------------------------------------------
@@ -284,33 +352,65 @@ def policy_step(
         action (n, A) float32 (one-hot, or the unclipped Normal sample), the new carry,
         the posterior deter (n, D) float32 and stoch indices (n, S) int32 for the replay.
     """
-    nets = make_networks(config)
     keep = 1.0 - jnp.asarray(is_first, jnp.float32)
     deter = carry.deter * keep[:, None]
     stoch = carry.stoch * keep[:, None, None]
     prev_action = carry.action * keep[:, None]
-    embed = _apply(nets.enc, params["enc"], obs)
-    deter = _core(config, params["dyn"], deter, stoch, prev_action)
-    logits = _posterior(config, params["dyn"], deter, embed)
-    latent_key, action_key = jax.random.split(key)
+    embed = N.encode(config, params["enc"], obs)
+    dyn = N.rssm_prepare(config, params["dyn"])
+    deter = N.rssm_core(config, dyn, deter, stoch, prev_action)
+    logits = N.rssm_posterior(config, dyn, deter, embed)
     if deterministic:
         stoch = onehot_mode(logits)
     else:
-        stoch = sample_onehot(logits, jax.random.gumbel(latent_key, logits.shape, jnp.float32))
+        noise = _draw_noise(
+            config, key, {"stoch": logits.shape, "action": (logits.shape[0], config.action_dim)}
+        )
+        stoch = onehot_mode(logits + noise["stoch"])
     dist = _actor(config, params["actor"], features(deter, stoch))
     if deterministic:
         action = actor_mode(config, dist)
     else:
-        action = actor_sample(config, dist, _action_noise(config, action_key, dist[0].shape))
+        action = _sample_no_grad(config, dist, noise["action"])
     action = sg(action)
     stoch = sg(stoch)
     return action, Carry(deter, stoch, action), deter, jnp.argmax(stoch, -1).astype(jnp.int32)
 
 
-def _action_noise(config: DreamerV3Config, key: Array, shape: tuple[int, ...]) -> Array:
-    if config.discrete:
-        return jax.random.gumbel(key, shape, jnp.float32)
-    return jax.random.normal(key, shape, jnp.float32)
+def _uniform(key: Array, n: int) -> Array:
+    """(n,) float32 uniforms in [0, 1): the Threefry-2x32 hash of a counter, 23 bits per value.
+
+    The hash of one counter pair gives two values (half the hashing of ``jax.random.uniform`` in its
+    default "partitionable" counter layout, about 3x faster on CPU). Same map from bits to floats.
+    """
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    bits = threefry_2x32(key, jnp.arange(n + n % 2, dtype=jnp.uint32))[:n]
+    floats = jax.lax.bitcast_convert_type((bits >> 9) | np.uint32(0x3F800000), jnp.float32)
+    return floats - 1.0
+
+
+def _draw_noise(config: DreamerV3Config, key: Array, shapes: dict[str, tuple[int, ...]]) -> dict[str, Array]:
+    """Gumbel noise for the categorical samples and the action noise (Gumbel for a discrete actor,
+    ε ~ N(0, 1) for a continuous one), of the given shapes, cut from one uniform draw.
+
+    ``shapes`` maps names to shapes; the name "action" is the action noise, every other one Gumbel.
+    The maps from uniforms are those of ``jax.random.gumbel`` and ``jax.random.normal``. One draw
+    compiles much faster than one per array (each is its own copy of the generator's hash).
+    """
+    sizes = [int(np.prod(shape)) for shape in shapes.values()]
+    u = _uniform(key, sum(sizes))
+    out, offset = {}, 0
+    for (name, shape), size in zip(shapes.items(), sizes, strict=True):
+        x = u[offset : offset + size].reshape(shape)
+        offset += size
+        if name == "action" and not config.discrete:
+            lo = np.nextafter(np.float32(-1.0), np.float32(0.0))
+            out[name] = np.float32(np.sqrt(2.0)) * jax.lax.erf_inv(jnp.maximum(lo, x * (1.0 - lo) + lo))
+        else:
+            tiny = np.finfo(np.float32).tiny
+            out[name] = -jnp.log(-jnp.log(jnp.maximum(tiny, x * (1.0 - tiny) + tiny)))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -322,12 +422,9 @@ def sample_noise(config: DreamerV3Config, key: Array, batch_size: int, length: i
     """Fresh noise for one update on a (B, T) trained window."""
     s, c, h, a = config.stoch, config.classes, config.imag_horizon, config.action_dim
     n = batch_size * length
-    post_key, stoch_key, action_key = jax.random.split(key, 3)
-    return Noise(
-        post=jax.random.gumbel(post_key, (batch_size, length, s, c), jnp.float32),
-        imag_stoch=jax.random.gumbel(stoch_key, (h, n, s, c), jnp.float32),
-        imag_action=_action_noise(config, action_key, (h + 1, n, a)),
-    )
+    shapes = {"post": (batch_size, length, s, c), "imag_stoch": (h, n, s, c), "action": (h + 1, n, a)}
+    noise = _draw_noise(config, key, shapes)
+    return Noise(post=noise["post"], imag_stoch=noise["imag_stoch"], imag_action=noise["action"])
 
 
 def _observe(
@@ -340,66 +437,115 @@ def _observe(
     noise: Array,
 ) -> tuple[Array, Array, Array]:
     """Posterior rollout over T (§3.6, §6): returns deter (B, T, D), stoch (B, T, S, C) (straight-through
-    samples) and posterior log-probabilities (B, T, S, C)."""
+    samples) and posterior log-probabilities (B, T, S, C).
 
-    def step(carry: tuple[Array, Array], xs: tuple[Array, ...]) -> tuple[tuple[Array, Array], tuple]:
-        deter, stoch = carry
-        action, emb, first, gumbel = xs
-        keep = 1.0 - first.astype(jnp.float32)
-        deter = _core(config, dyn, deter * keep[:, None], stoch * keep[:, None, None], action * keep[:, None])
-        logits = _posterior(config, dyn, deter, emb)
+    The action projection ``dynin2`` does not depend on the recurrent state, so it runs once for all
+    (B, T) rows before the scan.
+    """
+    p = N.rssm_prepare(config, dyn)
+    keep = 1.0 - is_first.astype(jnp.float32)
+    action = prev_action * keep[..., None]
+    action = action / sg(jnp.maximum(1.0, jnp.abs(action)))
+    dynin2 = N.normed_dense(p["dynin2"], action)
+
+    def step(carry: tuple[Array, ...], xs: tuple[Array, ...]) -> tuple[tuple[Array, ...], tuple]:
+        deter, blocks, stoch = carry
+        act, emb, k, gumbel = xs
+        deter, blocks = N.rssm_core_blocks(
+            config, p, deter * k[:, None], blocks * k[:, None], stoch * k[:, None, None], None, act
+        )
+        logits = N.rssm_posterior(config, p, deter, emb)
         stoch = sample_onehot(logits, gumbel)
-        return (deter, stoch), (deter, stoch, logits)
+        return (deter, blocks, stoch), (deter, stoch, logits)
 
-    xs = tuple(jnp.swapaxes(x, 0, 1) for x in (prev_action, embed, is_first, noise))
-    _, outs = jax.lax.scan(step, (start.deter, start.stoch), xs)
+    xs = tuple(jnp.swapaxes(x, 0, 1) for x in (dynin2, embed, keep, noise))
+    carry = (start.deter, N.to_blocks(config, start.deter), start.stoch)
+    _, outs = jax.lax.scan(step, carry, xs)
     return tuple(jnp.swapaxes(x, 0, 1) for x in outs)
 
 
+class _Imagined(NamedTuple):
+    """An imagined rollout, time-major (see :func:`_imagine`)."""
+
+    feat: Array
+    """(H, N, F) features of the states 0..H−1 (state 0 is the start)."""
+    action: Array
+    """(H, N, A) actions 0..H−1 (action k is taken in state k)."""
+    prior: Array
+    """(H, N, S, C) prior log-probabilities of the states 1..H."""
+    slow_logits: Array
+    """(H, N, n) slow-critic logits of the states 0..H−1."""
+    rew_logits: Array
+    """(H, N, n) reward logits of the states 0..H−1."""
+    con_logits: Array
+    """(H, N) continue logits of the states 0..H−1."""
+    slow_value: Array
+    """(H, N) slow-critic means of the states 0..H−1."""
+    reward: Array
+    """(H, N) reward means of the states 0..H−1."""
+    cont: Array
+    """(H, N) continue probabilities of the states 0..H−1."""
+    last: Array
+    """(N, F) features of the last state H."""
+
+
 def _imagine(
-    config: DreamerV3Config,
-    params: dict,
-    deter: Array,
-    stoch: Array,
-    noise: Noise,
-) -> tuple[Array, Array, Array, Array]:
+    config: DreamerV3Config, params: dict, deter: Array, stoch: Array, noise: Noise, heads: dict | None = None
+) -> _Imagined:
     """Imagination from N start states over H steps (§7.3), entirely without gradient.
+
+    Step k takes state k, samples action k with ``noise.imag_action[k]``, and steps the prior with
+    ``noise.imag_stoch[k]`` to state k + 1. The last state's action (``imag_action[H]``) is not needed
+    by the loss; :func:`loss_fn` computes it for its diagnostics only.
+
+    The heads that need no gradient (``heads``: {"slow", "rew", "con"}, the slow critic and the
+    reward and continue heads, whose outputs are stop-gradiented) run on each state inside the
+    scan, their first layers in one matmul with the actor's: on 1/H of the rows at a time their
+    activations stay in cache, and only the means and logits come out. Without ``heads`` (acting
+    only) those outputs are None.
 
     Args:
         params: {"dyn", "actor"} (stop-gradiented here: no loss gradient reaches them this way).
         deter: (N, D) start deter; stoch: (N, S, C) start stoch.
-
-    Returns:
-        deter (N, H+1, D), stoch (N, H+1, S, C), actions (N, H+1, A), prior log-probs (N, H, S, C);
-        index 0 is the start state and its action.
     """
-    params = sg(params)
-    deter, stoch = sg(deter), sg(stoch)
+    params, heads = sg(params), sg(heads)
+    dyn, actor = N.rssm_prepare(config, params["dyn"]), params["actor"]
+    bins = _bins(config)
 
-    def policy(deter: Array, stoch: Array, action_noise: Array) -> Array:
-        dist = _actor(config, params["actor"], features(deter, stoch))
-        return sg(actor_sample(config, dist, action_noise))
-
-    def step(carry: tuple[Array, Array, Array], xs: tuple[Array, Array]) -> tuple[tuple, tuple]:
-        deter, stoch, action = carry
+    def step(carry: tuple[Array, ...], xs: tuple[Array, Array]) -> tuple[tuple, tuple]:
+        deter, blocks, stoch = carry
         latent_noise, action_noise = xs
-        deter = _core(config, params["dyn"], deter, stoch, action)
-        logits = _prior(config, params["dyn"], deter)
-        stoch = sg(sample_onehot(logits, latent_noise))
-        action = policy(deter, stoch, action_noise)
-        return (deter, stoch, action), (deter, stoch, action, logits)
+        feat = features(deter, stoch)
+        trunks = [_actor_trunk(config, actor)]
+        if heads is not None:
+            trunks += [
+                _critic_trunk(config, heads["slow"]),
+                _trunk(heads["rew"], "h", config.rew_layers),
+                _trunk(heads["con"], "h", config.con_layers),
+            ]
+        hidden = N.mlp_trunks(feat, trunks)
+        dist = actor_dist(config, *N.actor_out(actor, hidden[0]))
+        action = _sample_no_grad(config, dist, action_noise)
+        outs = (None,) * 6
+        if heads is not None:
+            slow = N.head_out(heads["slow"], hidden[1])
+            rew = N.head_out(heads["rew"], hidden[2])
+            con = N.head_out(heads["con"], hidden[3])[..., 0]
+            outs = (slow, rew, con, twohot_mean(slow, bins), twohot_mean(rew, bins), jax.nn.sigmoid(con))
+        deter, blocks = N.rssm_core_blocks(config, dyn, deter, blocks, stoch, action)
+        logits = N.rssm_prior(config, dyn, deter)
+        stoch = onehot_mode(logits + latent_noise)
+        return (deter, blocks, stoch), (feat, action, logits, *outs)
 
-    action = policy(deter, stoch, noise.imag_action[0])
+    deter, stoch = sg(deter), sg(stoch)
+    carry = (deter, N.to_blocks(config, deter), stoch)
+    (deter, _, stoch), outs = jax.lax.scan(step, carry, (noise.imag_stoch, noise.imag_action[:-1]))
+    return _Imagined(*outs, last=features(deter, stoch))
 
-    _, (deters, stochs, actions, logits) = jax.lax.scan(
-        step, (deter, stoch, action), (noise.imag_stoch, noise.imag_action[1:])
-    )
 
-    def with_start(start: Array, steps: Array) -> Array:  # (N, ...), (H, N, ...) -> (N, H+1, ...)
-        return jnp.concatenate([start[:, None], jnp.swapaxes(steps, 0, 1)], 1)
-
-    imagined = (with_start(deter, deters), with_start(stoch, stochs), with_start(action, actions))
-    return (*imagined, jnp.swapaxes(logits, 0, 1))
+def _batch_major(steps: Array, last: Array) -> Array:
+    """(H, N, ...) and (N, ...) → (N, H+1, ...)."""
+    return jnp.swapaxes(jnp.concatenate([steps, last[None]], 0), 0, 1)
 
 
 def loss_fn(
@@ -423,10 +569,17 @@ def loss_fn(
         (total loss, aux) with aux = {"metrics": scalar dict, "retnorm": new normaliser state,
         "latents": {"deter": (B, T, D), "stoch": (B, T, S) int32}, "internals": every intermediate
         tensor by name (for tests and diagnostics; unused outputs cost nothing under jit)}.
+
+    How the work is laid out (the math is that of the spec): heads that read the same features
+    share one matmul for their first layers (decoder, reward, continue and critic on the replay
+    features; actor and critic on the imagined ones); the heads whose imagined outputs carry no
+    gradient (slow critic, reward, continue) run inside the imagination scan (:func:`_imagine`);
+    imagined tensors are time-major (H, N, ...); each head runs only on the imagined states the loss
+    reads, and the diagnostics' other rows are computed apart (dropped under jit when unused).
     """
-    nets = make_networks(config)
     bins = _bins(config)
     f32 = jnp.float32
+    nog = sg({"slow": slow_critic, "rew": params["rew"], "con": params["con"], "critic": params["critic"]})
 
     # Context (§11.2, with the 29eb964 fix): row 0 gives the initial latent and previous action.
     start = Carry(
@@ -443,14 +596,25 @@ def loss_fn(
     cont = 1.0 - is_terminal.astype(f32)
     b, t = reward.shape
 
-    # World model (§3-§6).
-    embed = _apply(nets.enc, params["enc"], obs)
+    # World model (§3-§6) and the replay critic's logits (§7.9), all heads on the posterior features.
+    embed = N.encode(config, params["enc"], obs)
     deter, stoch, post = _observe(config, params["dyn"], start, prev_action, embed, is_first, noise.post)
-    prior = _prior(config, params["dyn"], deter)
+    prior = N.rssm_prior(config, params["dyn"], deter)
     feat = features(deter, stoch)
-    dec_out = _apply(nets.dec, params["dec"], feat)
-    rew_logits = _apply(nets.rew, params["rew"], feat)
-    con_logits = _apply(nets.con, params["con"], feat)[..., 0]
+    dec_h, rew_h, con_h, critic_h = N.mlp_trunks(
+        feat,
+        [
+            _trunk(params["dec"], "mlp", config.dec_layers),
+            _trunk(params["rew"], "h", config.rew_layers),
+            _trunk(params["con"], "h", config.con_layers),
+            _critic_trunk(config, params["critic"]),
+        ],
+    )
+    dec_out = N.decode(params["dec"], dec_h)
+    rew_logits = N.head_out(params["rew"], rew_h)
+    con_logits = N.head_out(params["con"], con_h)[..., 0]
+    replay_logits = N.head_out(params["critic"], critic_h)
+    replay_slow = sg(twohot_mean(_critic_logits(config, nog["slow"], sg(feat)), bins))
     dyn_kl = categorical_kl(sg(post), prior).sum(-1)
     rep_kl = categorical_kl(post, sg(prior)).sum(-1)
     losses = {
@@ -461,44 +625,63 @@ def loss_fn(
         "rep": free_nats(rep_kl, config.free_nats),
     }
 
-    # Imagination from all B·T posterior states (§7.3), annotated (§7.4).
+    # Imagination from all B·T posterior states (§7.3), time-major, annotated (§7.4).
     n = b * t
-    img_deter, img_stoch, img_action, img_prior = _imagine(
+    img = _imagine(
         config,
         {"dyn": params["dyn"], "actor": params["actor"]},
         deter.reshape(n, -1),
         stoch.reshape(n, config.stoch, config.classes),
         noise,
+        heads={"slow": nog["slow"], "rew": nog["rew"], "con": nog["con"]},
     )
-    img_feat = sg(features(img_deter, img_stoch))
-    img_rew_logits = _apply(nets.rew, params["rew"], img_feat)
-    img_con_logits = _apply(nets.con, params["con"], img_feat)[..., 0]
-    img_reward = jnp.concatenate([reward.reshape(n, 1), twohot_mean(img_rew_logits, bins)[:, 1:]], 1)
-    img_cont = jnp.concatenate([cont.reshape(n, 1), jax.nn.sigmoid(img_con_logits)[:, 1:]], 1)
+    img_feat, last_feat = sg(img.feat), sg(img.last)
+    def grad_trunks(actor: dict, critic: dict, x: Array) -> list[Array]:
+        return N.mlp_trunks(x, [_actor_trunk(config, actor), _critic_trunk(config, critic)])
+
+    grad_trunks = jax.checkpoint(grad_trunks, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    actor_h, critic_h = grad_trunks(params["actor"], params["critic"], img_feat)
+    dist = actor_dist(config, *N.actor_out(params["actor"], actor_h))  # steps 0..H-1
+    critic_logits = N.head_out(params["critic"], critic_h)  # steps 0..H-1
+    last_critic_h, last_rew_h, last_con_h = N.mlp_trunks(
+        last_feat,
+        [
+            _critic_trunk(config, nog["critic"]),
+            _trunk(nog["rew"], "h", config.rew_layers),
+            _trunk(nog["con"], "h", config.con_layers),
+        ],
+    )
+    last_critic_logits = N.head_out(nog["critic"], last_critic_h)
+    last_rew_logits = N.head_out(nog["rew"], last_rew_h)
+    last_con_logits = N.head_out(nog["con"], last_con_h)[..., 0]
+
+    # (N, H+1) sequences, index 0 = start: the start's reward and continue come from the replay.
+    img_reward = jnp.concatenate(
+        [reward.reshape(n, 1), img.reward[1:].T, twohot_mean(last_rew_logits, bins)[:, None]], 1
+    )
+    img_cont = jnp.concatenate(
+        [cont.reshape(n, 1), img.cont[1:].T, jax.nn.sigmoid(last_con_logits)[:, None]], 1
+    )
     img_reward, img_cont = sg(img_reward), sg(img_cont)
     weight = sg(imagination_weight(img_cont))
-    dist = _actor(config, params["actor"], img_feat)
-    critic_logits = _apply(nets.critic, params["critic"], img_feat)
-    slow_logits = _apply(nets.critic, sg(slow_critic), img_feat)
-    value = twohot_mean(critic_logits, bins)
-    slow_value = sg(twohot_mean(slow_logits, bins))
+    value = jnp.concatenate(
+        [twohot_mean(critic_logits, bins).T, twohot_mean(last_critic_logits, bins)[:, None]], 1
+    )
+    slow_value = sg(img.slow_value)  # (H, N)
 
     # Returns, normaliser (updated before use, §7.5-§7.6), actor (§7.7) and critic (§7.8).
-    ret = sg(imagined_lambda_return(img_reward, img_cont, sg(value), config.lam))
+    ret = sg(imagined_lambda_return(img_reward, img_cont, sg(value), config.lam))  # (N, H)
     retnorm = percentile_norm_update(retnorm, ret, config.retnorm_rate)
     ret_offset, ret_scale = percentile_norm_scale(retnorm, config.retnorm_limit)
     adv = sg((ret - value[:, :-1]) / ret_scale)
-    log_pi = _actor_log_prob(config, dist, sg(img_action))[:, :-1]
-    entropy = _actor_entropy(config, dist)[:, :-1]
+    log_pi = _actor_log_prob(config, dist, img.action).T
+    entropy = _actor_entropy(config, dist).T
     losses["actor"] = -weight[:, :-1] * (log_pi * adv + config.actent * entropy)
-    losses["critic"] = -weight[:, :-1] * (
-        twohot_log_prob(critic_logits[:, :-1], ret, bins)
-        + config.slowreg * twohot_log_prob(critic_logits[:, :-1], slow_value[:, :-1], bins)
-    )
+    critic_lp = twohot_log_prob(critic_logits, ret.T, bins)
+    critic_lp += config.slowreg * twohot_log_prob(critic_logits, slow_value, bins)
+    losses["critic"] = -weight[:, :-1] * critic_lp.T
 
     # Replay critic (§7.9): critic on the posterior states with gradient, bootstrapped by R_0.
-    replay_logits = _apply(nets.critic, params["critic"], feat)
-    replay_slow = sg(twohot_mean(_apply(nets.critic, sg(slow_critic), feat), bins))
     boot = ret[:, 0].reshape(b, t)
     replay_ret = sg(replay_lambda_return(reward, is_terminal, is_last, boot, config.gamma, config.repval_lam))
     live = 1.0 - is_last[:, :-1].astype(f32)
@@ -536,6 +719,13 @@ def loss_fn(
         post_entropy=categorical_entropy(post).sum(-1).mean(),
         prior_entropy=categorical_entropy(prior).sum(-1).mean(),
     )
+
+    # Diagnostics, batch-major with all H+1 steps (unused under jit, they cost nothing).
+    d = config.deter
+    last_dist = _actor(config, sg(params["actor"]), last_feat)
+    last_action = _sample_no_grad(config, last_dist, noise.imag_action[-1])
+    last_slow_logits = _critic_logits(config, nog["slow"], last_feat)
+    img_all_feat = jnp.concatenate([img_feat, last_feat[None]], 0)
     internals = {
         "embed": embed,
         "post_deter": deter,
@@ -550,20 +740,22 @@ def loss_fn(
         "replay_critic_logits": replay_logits,
         "replay_critic_mean": twohot_mean(replay_logits, bins),
         "replay_slow_mean": replay_slow,
-        "img_deter": img_deter,
-        "img_stoch": img_stoch,
-        "img_action": img_action,
-        "img_prior_logits": img_prior,
-        "img_rew_logits": img_rew_logits,
-        "img_con_logits": img_con_logits,
+        "img_deter": jnp.swapaxes(img_all_feat[..., :d], 0, 1),
+        "img_stoch": jnp.swapaxes(img_all_feat[..., d:], 0, 1).reshape(n, -1, config.stoch, config.classes),
+        "img_action": _batch_major(img.action, last_action),
+        "img_prior_logits": jnp.swapaxes(img.prior, 0, 1),
+        "img_rew_logits": _batch_major(img.rew_logits, last_rew_logits),
+        "img_con_logits": _batch_major(img.con_logits, last_con_logits),
         "img_reward": img_reward,
         "img_cont": img_cont,
         "img_weight": weight,
-        "img_actor": dist,
-        "img_critic_logits": critic_logits,
-        "img_slow_logits": slow_logits,
+        "img_actor": tuple(
+            None if x is None else _batch_major(x, y) for x, y in zip(dist, last_dist, strict=True)
+        ),
+        "img_critic_logits": _batch_major(critic_logits, last_critic_logits),
+        "img_slow_logits": _batch_major(img.slow_logits, last_slow_logits),
         "img_value": value,
-        "img_slow_value": slow_value,
+        "img_slow_value": _batch_major(slow_value, sg(twohot_mean(last_slow_logits, bins))),
         "ret": ret,
         "adv": adv,
         "replay_ret": replay_ret,
@@ -639,7 +831,7 @@ def train_many(
     """K updates in one call: ``jax.lax.scan`` of :func:`train_step` over the leading K axis.
 
     Returns:
-        (state after K updates, metrics averaged over the K updates, latents with a leading K).
+        (state after K updates, metrics of every update with a leading K, latents with a leading K).
     """
 
     def body(carry: DreamerState, batch: dict[str, Array]) -> tuple[DreamerState, tuple[dict, dict]]:
@@ -647,14 +839,21 @@ def train_many(
         return carry, (metrics, latents)
 
     state, (metrics, latents) = jax.lax.scan(body, state, batches)
-    return state, jax.tree_util.tree_map(lambda x: x.mean(0), metrics), latents
+    return state, metrics, latents
 
 
-policy_step_jit = jax.jit(policy_step, static_argnames=("config", "deterministic"))
+COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+"""XLA options of the jitted functions below. LLVM's level 1 instead of the default halves the
+compile time of the update on CPU, which dominates a short run, at no measured cost in step time
+(benchmarks/profile_update.py)."""
+
+policy_step_jit = jax.jit(
+    policy_step, static_argnames=("config", "deterministic"), compiler_options=COMPILER_OPTIONS
+)
 """Jitted :func:`policy_step`; ``config`` and ``deterministic`` are static."""
-train_step_jit = jax.jit(train_step, static_argnames=("config",))
+train_step_jit = jax.jit(train_step, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
 """Jitted :func:`train_step`; ``config`` is static."""
-train_many_jit = jax.jit(train_many, static_argnames=("config",))
+train_many_jit = jax.jit(train_many, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
 """Jitted :func:`train_many`; ``config`` is static."""
 
 

@@ -412,13 +412,10 @@ class DreamerV3(WorldModelAlgorithm):
             all_metrics.append(jax.device_get(metrics))
         self.policy.state = {**state, "agent": agent_state}
         self._n_updates += owed
-        stacked = {
-            key: np.concatenate([np.atleast_1d(m[key]) for m in all_metrics]) for key in all_metrics[0]
-        }
+        # train_many returns every update's metrics with a leading K: one row per update owed.
+        stacked = {key: np.concatenate([m[key] for m in all_metrics]) for key in all_metrics[0]}
         for i in range(owed):
-            self._log_post_update(
-                {f"train/{key}": float(v[min(i, len(v) - 1)]) for key, v in stacked.items()}
-            )
+            self._log_post_update({f"train/{key}": float(v[i]) for key, v in stacked.items()})
         for key, values in stacked.items():
             self.logger.record(f"train/{key}", float(np.mean(values)))
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")

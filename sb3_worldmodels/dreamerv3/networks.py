@@ -12,25 +12,36 @@ reference checkpoint maps onto these trees one to one:
 
 Shape symbols: D deter, H hidden, S stoch latents, C classes, G blocks, U units, O observation width,
 A action width, F = D + S·C feature width, n bins. Everything is float32.
+
+The flax modules define the parameter trees (names, shapes, initialisers) and are the readable
+reference of each network. The training and acting code runs the pure functions of the second half
+of this file on the same trees instead (:func:`encode`, :func:`rssm_core`, :func:`mlp_trunks`, ...):
+they compute the same math, but let the agent share work between networks, e.g. one matmul for the
+first layers of all heads that read the same features, the block GRU in a block-first layout
+(batched matmuls without transposed operands) and loop-invariant kernel rearrangements hoisted
+out of the scans. ``tests/test_dreamerv3_core.py`` checks both paths agree.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sb3_worldmodels.blocks.distributions import normal_head, onehot_mode, unimix_logits
-from sb3_worldmodels.blocks.layers import BlockLinear, Dense, NormedDense
+from sb3_worldmodels.blocks.layers import RMS_EPS, BlockLinear, Dense, NormedDense, block_matmul
 from sb3_worldmodels.blocks.math import symlog
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config
 
 Array = jax.Array
 
 __all__ = [
+    "OUTSCALES",
     "RSSM",
     "Actor",
     "Decoder",
@@ -39,11 +50,37 @@ __all__ = [
     "Networks",
     "actor_dist",
     "actor_mode",
+    "actor_out",
     "actor_sample",
+    "decode",
+    "dense",
+    "encode",
     "features",
+    "head_out",
     "make_networks",
+    "mlp_trunks",
+    "normed_dense",
+    "rms_norm",
+    "rssm_core",
+    "rssm_core_blocks",
+    "rssm_logits",
+    "rssm_posterior",
+    "rssm_prepare",
+    "rssm_prior",
     "sample_onehot",
+    "to_blocks",
 ]
+
+
+OUTSCALES: dict[tuple[str, str], float] = {
+    ("dec", "out_vector"): 0.1,
+    ("rew", "out"): 0.0,
+    ("con", "out"): 1.0,
+    ("actor", "out"): 0.01,
+    ("actor", "std"): 0.01,
+    ("critic", "out"): 0.0,
+}
+"""Init scale of the output layers (module, layer) (§8.2); every other kernel uses 1.0."""
 
 
 class Encoder(nn.Module):
@@ -75,7 +112,7 @@ class Decoder(nn.Module):
         x = feat
         for i in range(self.layers):
             x = NormedDense(self.units, name=f"mlp{i}")(x)
-        return Dense(self.obs_dim, outscale=0.1, name="out_vector")(x)
+        return Dense(self.obs_dim, outscale=OUTSCALES["dec", "out_vector"], name="out_vector")(x)
 
 
 class Head(nn.Module):
@@ -114,8 +151,10 @@ class Actor(nn.Module):
         x = feat
         for i in range(self.layers):
             x = NormedDense(self.units, name=f"h{i}")(x)
-        out = Dense(self.action_dim, outscale=0.01, name="out")(x)
-        std = None if self.discrete else Dense(self.action_dim, outscale=0.01, name="std")(x)
+        out = Dense(self.action_dim, outscale=OUTSCALES["actor", "out"], name="out")(x)
+        std = None
+        if not self.discrete:
+            std = Dense(self.action_dim, outscale=OUTSCALES["actor", "std"], name="std")(x)
         return out, std
 
 
@@ -219,10 +258,10 @@ def make_networks(config: DreamerV3Config) -> Networks:
             unimix=config.unimix,
         ),
         dec=Decoder(u, config.obs_dim, config.dec_layers),
-        rew=Head(u, config.rew_layers, config.bins, outscale=0.0),
-        con=Head(u, config.con_layers, 1, outscale=1.0),
+        rew=Head(u, config.rew_layers, config.bins, outscale=OUTSCALES["rew", "out"]),
+        con=Head(u, config.con_layers, 1, outscale=OUTSCALES["con", "out"]),
         actor=Actor(u, config.actor_layers, config.action_dim, config.discrete),
-        critic=Head(u, config.critic_layers, config.bins, outscale=0.0),
+        critic=Head(u, config.critic_layers, config.bins, outscale=OUTSCALES["critic", "out"]),
     )
 
 
@@ -279,3 +318,167 @@ def actor_mode(config: DreamerV3Config, dist: tuple[Array, Array | None]) -> Arr
     if config.discrete:
         return onehot_mode(dist[0])
     return dist[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Pure forward functions on the parameter trees (what the agent runs)
+# ------------------------------------------------------------------------------------------------
+
+
+def dense(p: dict, x: Array) -> Array:
+    """x @ kernel + bias, as :class:`~sb3_worldmodels.blocks.layers.Dense`."""
+    return x @ p["kernel"] + p["bias"]
+
+
+def rms_norm(scale: Array, x: Array, axis: int | tuple[int, ...] = -1) -> Array:
+    """x · rsqrt(mean(x², axis) + eps) · scale, as :class:`~sb3_worldmodels.blocks.layers.RMSNorm`."""
+    ms = jnp.mean(jnp.square(x), axis=axis, keepdims=True)
+    return x * jax.lax.rsqrt(ms + RMS_EPS) * scale
+
+
+def _norm_act(p: dict, x: Array) -> Array:
+    return jax.nn.silu(rms_norm(p["norm"]["scale"], x))
+
+
+def normed_dense(p: dict, x: Array) -> Array:
+    """Hidden layer (Linear + RMSNorm + SiLU), as :class:`~sb3_worldmodels.blocks.layers.NormedDense`."""
+    return _norm_act(p, dense(p, x))
+
+
+def _mlp_rest(p: dict, x: Array, prefix: str, start: int, layers: int) -> Array:
+    for i in range(start, layers):
+        x = normed_dense(p[f"{prefix}{i}"], x)
+    return x
+
+
+def mlp_trunks(x: Array, trunks: Sequence[tuple[dict, str, int]]) -> list[Array]:
+    """The hidden layers of several MLPs that read the same input ``x``.
+
+    Each trunk is (params, layer prefix, number of layers); its output is the last hidden layer (or
+    ``x`` itself for zero layers). The first layers of all trunks run as one matmul of ``x`` with the
+    concatenated kernels, which reads ``x`` once; per column this is the same dot product as running
+    each layer on its own. (..., I) → [(..., U_i)].
+    """
+    first = [p[f"{prefix}0"] for p, prefix, layers in trunks if layers > 0]
+    if len(first) > 1:
+        kernel = jnp.concatenate([q["kernel"] for q in first], -1)
+        bias = jnp.concatenate([q["bias"] for q in first], -1)
+        split = np.cumsum([q["bias"].shape[-1] for q in first])[:-1]
+        outs = iter(jnp.split(x @ kernel + bias, split, axis=-1))
+    else:
+        outs = iter([dense(q, x) for q in first])
+    result = []
+    for p, prefix, layers in trunks:
+        if layers == 0:
+            result.append(x)
+            continue
+        h = _norm_act(p[f"{prefix}0"], next(outs))
+        result.append(_mlp_rest(p, h, prefix, 1, layers))
+    return result
+
+
+def encode(config: DreamerV3Config, p: dict, obs: Array) -> Array:
+    """:class:`Encoder`: (..., O) raw observations → (..., U) embedding."""
+    x = symlog(jnp.asarray(obs, jnp.float32))
+    return _mlp_rest(p, x, "mlp", 0, config.enc_layers)
+
+
+def decode(p: dict, hidden: Array) -> Array:
+    """:class:`Decoder` output layer on its last hidden layer (see :func:`mlp_trunks`)."""
+    return dense(p["out_vector"], hidden)
+
+
+def head_out(p: dict, hidden: Array) -> Array:
+    """:class:`Head` output layer (reward, continue, critic) on its last hidden layer."""
+    return dense(p["out"], hidden)
+
+
+def actor_out(p: dict, hidden: Array) -> tuple[Array, Array | None]:
+    """:class:`Actor` outputs ``(out, std_pre)`` on its last hidden layer (std_pre None if discrete)."""
+    return dense(p["out"], hidden), (dense(p["std"], hidden) if "std" in p else None)
+
+
+def rssm_prepare(config: DreamerV3Config, p: dict) -> dict:
+    """Rearranged RSSM parameters for :func:`rssm_core` (computed once, outside the scans).
+
+    dyn0's block kernel (G, D/G + 3H, D/G) acts on [h_g, u] per block. Its h rows stay a block
+    kernel (G, D/G, D/G); its u rows, shared by all blocks, become one dense (3H, D) kernel whose
+    output is already block-major, so u is never repeated G times.
+    """
+    g, dg = config.blocks, config.deter // config.blocks
+    k0 = p["dyn0"]["kernel"]
+    return {
+        **p,
+        "dyn0_h": k0[:, :dg, :],
+        "dyn0_u": jnp.transpose(k0[:, dg:, :], (1, 0, 2)).reshape(-1, config.deter),
+        "dyn0_bias": p["dyn0"]["bias"].reshape(g, 1, dg),
+        "dyn0_scale": p["dyn0"]["norm"]["scale"].reshape(g, 1, dg),
+        "core_bias": p["dyncore"]["bias"].reshape(g, 1, 3 * dg),
+    }
+
+
+def rssm_core(
+    config: DreamerV3Config, p: dict, deter: Array, stoch: Array, action: Array, dynin2: Array | None = None
+) -> Array:
+    """:meth:`RSSM.core` on prepared parameters (:func:`rssm_prepare`): block GRU step (§3.2).
+
+    deter (M, D), stoch (M, S, C) or (M, S·C), action (M, A) → (M, D); ``dynin2`` optionally gives
+    the action projection precomputed (it does not depend on the recurrent state).
+    """
+    return rssm_core_blocks(config, p, deter, to_blocks(config, deter), stoch, action, dynin2)[0]
+
+
+def to_blocks(config: DreamerV3Config, deter: Array) -> Array:
+    """(M, D) → (G, M, D/G): the block-first view of a deter state used by :func:`rssm_core_blocks`."""
+    return jnp.swapaxes(deter.reshape(deter.shape[0], config.blocks, -1), 0, 1)
+
+
+def rssm_core_blocks(
+    config: DreamerV3Config,
+    p: dict,
+    deter: Array,
+    blocks: Array,
+    stoch: Array,
+    action: Array,
+    dynin2: Array | None = None,
+) -> tuple[Array, Array]:
+    """:func:`rssm_core` for a recurrence that carries the state in both layouts.
+
+    ``blocks`` is ``to_blocks(config, deter)``; returns the new state as (deter (M, D), blocks
+    (G, M, D/G)). The GRU runs block-first (batched matmuls over G, RMSNorm over all D features).
+    Carrying both layouts through a scan saves one transpose per step and keeps XLA from fusing the
+    gate math into the transpose back to (M, D) (a strided loop several times slower on CPU).
+    """
+    g, dg = config.blocks, config.deter // config.blocks
+    m = deter.shape[0]
+    stoch = stoch.reshape(m, -1)
+    if dynin2 is None:
+        action = action / jax.lax.stop_gradient(jnp.maximum(1.0, jnp.abs(action)))
+        dynin2 = normed_dense(p["dynin2"], action)
+    u = jnp.concatenate([normed_dense(p["dynin0"], deter), normed_dense(p["dynin1"], stoch), dynin2], -1)
+    x = block_matmul(blocks, p["dyn0_h"]) + to_blocks(config, u @ p["dyn0_u"]) + p["dyn0_bias"]
+    x = jax.nn.silu(rms_norm(p["dyn0_scale"], x, axis=(0, 2)))
+    x = block_matmul(x, p["dyncore"]["kernel"]) + p["core_bias"]
+    reset = jax.nn.sigmoid(x[..., :dg])
+    cand = jnp.tanh(reset * x[..., dg : 2 * dg])
+    update = jax.nn.sigmoid(x[..., 2 * dg :] - 1.0)
+    new = update * cand + (1.0 - update) * blocks
+    return jnp.swapaxes(new, 0, 1).reshape(m, g * dg), new
+
+
+def rssm_logits(config: DreamerV3Config, x: Array) -> Array:
+    """Logit layer output (..., S·C) → unimixed log-probabilities (..., S, C) (§3.5)."""
+    x = x.reshape(*x.shape[:-1], config.stoch, config.classes)
+    return unimix_logits(x, config.unimix)
+
+
+def rssm_prior(config: DreamerV3Config, p: dict, deter: Array) -> Array:
+    """:meth:`RSSM.prior`: (..., D) → (..., S, C)."""
+    x = _mlp_rest(p, deter, "img", 0, config.img_layers)
+    return rssm_logits(config, dense(p["imglogit"], x))
+
+
+def rssm_posterior(config: DreamerV3Config, p: dict, deter: Array, embed: Array) -> Array:
+    """:meth:`RSSM.posterior`: h' (..., D), embed (..., U) → (..., S, C)."""
+    x = _mlp_rest(p, jnp.concatenate([deter, embed], -1), "obs", 0, config.obs_layers)
+    return rssm_logits(config, dense(p["obslogit"], x))
