@@ -636,11 +636,9 @@ def loss_fn(
         heads={"slow": nog["slow"], "rew": nog["rew"], "con": nog["con"]},
     )
     img_feat, last_feat = sg(img.feat), sg(img.last)
-    def grad_trunks(actor: dict, critic: dict, x: Array) -> list[Array]:
-        return N.mlp_trunks(x, [_actor_trunk(config, actor), _critic_trunk(config, critic)])
-
-    grad_trunks = jax.checkpoint(grad_trunks, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-    actor_h, critic_h = grad_trunks(params["actor"], params["critic"], img_feat)
+    actor_h, critic_h = N.mlp_trunks(
+        img_feat, [_actor_trunk(config, params["actor"]), _critic_trunk(config, params["critic"])]
+    )
     dist = actor_dist(config, *N.actor_out(params["actor"], actor_h))  # steps 0..H-1
     critic_logits = N.head_out(params["critic"], critic_h)  # steps 0..H-1
     last_critic_h, last_rew_h, last_con_h = N.mlp_trunks(
@@ -771,6 +769,12 @@ def loss_fn(
 # ------------------------------------------------------------------------------------------------
 
 
+def _global_norm(tree: Any) -> Array:
+    """‖all leaves‖₂ as one reduction over their concatenation (one reduction per leaf, as in
+    ``optax.tree.norm``, is one more kernel per leaf to compile)."""
+    return jnp.linalg.norm(jnp.concatenate([x.reshape(-1) for x in jax.tree_util.tree_leaves(tree)]))
+
+
 def update_with_noise(
     config: DreamerV3Config, state: DreamerState, batch: dict[str, Array], noise: Noise
 ) -> tuple[DreamerState, dict[str, Array], dict[str, Array], dict[str, Any]]:
@@ -787,9 +791,9 @@ def update_with_noise(
     slow_critic = ema_update(state.slow_critic, params["critic"], config.slow_rate, state.updates == 0)
     metrics = dict(aux["metrics"])
     metrics.update(
-        grad_norm=optax.tree.norm(grads),
-        update_norm=optax.tree.norm(updates),
-        param_norm=optax.tree.norm(state.params),
+        grad_norm=_global_norm(grads),
+        update_norm=_global_norm(updates),
+        param_norm=_global_norm(state.params),
     )
     new_state = DreamerState(
         params=params,
