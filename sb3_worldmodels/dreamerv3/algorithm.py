@@ -160,7 +160,6 @@ class DreamerV3(WorldModelAlgorithm):
             episode_length,
             action_repeat,
         )
-        self.n_envs_requested = n_envs
         super().__init__(
             policy=policy,
             env=env,
@@ -414,7 +413,7 @@ class DreamerV3(WorldModelAlgorithm):
         self._n_updates += owed
         # train_many returns every update's metrics with a leading K: one row per update owed.
         stacked = {key: np.concatenate([m[key] for m in all_metrics]) for key in all_metrics[0]}
-        for i in range(owed):
+        for i in range(owed if self._wm_callbacks else 0):
             self._log_post_update({f"train/{key}": float(v[i]) for key, v in stacked.items()})
         for key, values in stacked.items():
             self.logger.record(f"train/{key}", float(np.mean(values)))
