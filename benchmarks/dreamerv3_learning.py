@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import time
 from pathlib import Path
 
@@ -96,6 +98,9 @@ def main() -> None:
         "threshold": task["threshold"],
         "passed": score >= task["threshold"],
         "settings": PAPER_ERA,
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
+        "date": time.strftime("%Y-%m-%d"),
         "curve": callback.curve,
     }
     out = Path(__file__).parent / "results" / f"{args.task}_seed{args.seed}.json"

@@ -29,8 +29,10 @@ __all__ = [
     "NormedDense",
     "RMSNorm",
     "block_matmul",
+    "block_matmul_pretransposed",
     "get_act",
     "layer_norm",
+    "matmul_pretransposed",
     "mish",
     "simnorm",
     "trunc_normal_fan_in",
@@ -129,6 +131,55 @@ def block_matmul(x: Array, kernel: Array) -> Array:
     transpose operands and results around the dot, several times slower on CPU).
     """
     return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (1,)), ((0,), (0,))))
+
+
+@jax.custom_vjp
+def matmul_pretransposed(x: Array, kernel: Array, kernel_t: Array) -> Array:
+    """``x @ kernel`` whose input gradient multiplies by ``kernel_t`` (= kernel.T, given by the caller).
+
+    x (..., I), kernel (I, O), kernel_t (O, I) → (..., O). Same values and gradients as ``x @ kernel``
+    (``kernel_t`` gets none). The reverse pass of a recurrence runs one small ``g @ kernel.T`` per
+    step; XLA's CPU dot with a transposed right operand is several times slower than with a
+    row-major one at a few rows (measured 0.36 vs 0.06 ms at 16x512x192), so the transpose is made
+    once, outside the loop.
+    """
+    return x @ kernel
+
+
+def _matmul_pt_fwd(x: Array, kernel: Array, kernel_t: Array) -> tuple[Array, tuple[Array, Array]]:
+    return x @ kernel, (x, kernel_t)
+
+
+def _matmul_pt_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array, None]:
+    x, kernel_t = res
+    x2 = x.reshape(-1, x.shape[-1])
+    g2 = g.reshape(-1, g.shape[-1])
+    return g @ kernel_t, jax.lax.dot_general(x2, g2, (((0,), (0,)), ((), ()))), None
+
+
+matmul_pretransposed.defvjp(_matmul_pt_fwd, _matmul_pt_bwd)
+
+
+@jax.custom_vjp
+def block_matmul_pretransposed(x: Array, kernel: Array, kernel_t: Array) -> Array:
+    """:func:`block_matmul` whose input gradient uses ``kernel_t`` (G, O, I) = kernel transposed per block.
+
+    x (G, M, I), kernel (G, I, O) → (G, M, O); see :func:`matmul_pretransposed` for why.
+    """
+    return block_matmul(x, kernel)
+
+
+def _block_pt_fwd(x: Array, kernel: Array, kernel_t: Array) -> tuple[Array, tuple[Array, Array]]:
+    return block_matmul(x, kernel), (x, kernel_t)
+
+
+def _block_pt_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array, None]:
+    x, kernel_t = res
+    dkernel = jax.lax.dot_general(x, g, (((1,), (1,)), ((0,), (0,))))
+    return block_matmul(g, kernel_t), dkernel, None
+
+
+block_matmul_pretransposed.defvjp(_block_pt_fwd, _block_pt_bwd)
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,7 +34,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels.blocks.distributions import normal_head, onehot_mode, unimix_logits
-from sb3_worldmodels.blocks.layers import RMS_EPS, BlockLinear, Dense, NormedDense, block_matmul
+from sb3_worldmodels.blocks.layers import (
+    RMS_EPS,
+    BlockLinear,
+    Dense,
+    NormedDense,
+    block_matmul,
+    block_matmul_pretransposed,
+    matmul_pretransposed,
+)
 from sb3_worldmodels.blocks.math import symlog
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config
 
@@ -326,8 +334,17 @@ def actor_mode(config: DreamerV3Config, dist: tuple[Array, Array | None]) -> Arr
 
 
 def dense(p: dict, x: Array) -> Array:
-    """x @ kernel + bias, as :class:`~sb3_worldmodels.blocks.layers.Dense`."""
+    """x @ kernel + bias, as :class:`~sb3_worldmodels.blocks.layers.Dense` (with a "kernel_t", the
+    transposed kernel of :func:`with_transposed_kernels`, its gradient runs on that copy)."""
+    if "kernel_t" in p:
+        return matmul_pretransposed(x, p["kernel"], p["kernel_t"]) + p["bias"]
     return x @ p["kernel"] + p["bias"]
+
+
+def with_transposed_kernels(p: dict, names: Sequence[str]) -> dict:
+    """``p`` with a "kernel_t" (the transposed kernel) added to the layers ``names``: for layers run
+    with gradient inside a recurrence (see :func:`~sb3_worldmodels.blocks.layers.matmul_pretransposed`)."""
+    return {k: ({**v, "kernel_t": v["kernel"].T} if k in names else v) for k, v in p.items()}
 
 
 def rms_norm(scale: Array, x: Array, axis: int | tuple[int, ...] = -1) -> Array:
@@ -398,7 +415,7 @@ def actor_out(p: dict, hidden: Array) -> tuple[Array, Array | None]:
     return dense(p["out"], hidden), (dense(p["std"], hidden) if "std" in p else None)
 
 
-def rssm_prepare(config: DreamerV3Config, p: dict) -> dict:
+def rssm_prepare(config: DreamerV3Config, p: dict, for_gradient: bool = False) -> dict:
     """Rearranged RSSM parameters for :func:`rssm_core` (computed once, outside the scans).
 
     dyn0's block kernel (G, D/G + 3H, D/G) acts on [h_g, u] per block. Its h rows stay a block
@@ -407,7 +424,7 @@ def rssm_prepare(config: DreamerV3Config, p: dict) -> dict:
     """
     g, dg = config.blocks, config.deter // config.blocks
     k0 = p["dyn0"]["kernel"]
-    return {
+    out = {
         **p,
         "dyn0_h": k0[:, :dg, :],
         "dyn0_u": jnp.transpose(k0[:, dg:, :], (1, 0, 2)).reshape(-1, config.deter),
@@ -415,6 +432,13 @@ def rssm_prepare(config: DreamerV3Config, p: dict) -> dict:
         "dyn0_scale": p["dyn0"]["norm"]["scale"].reshape(g, 1, dg),
         "core_bias": p["dyncore"]["bias"].reshape(g, 1, 3 * dg),
     }
+    if for_gradient:  # transposed copies for the reverse pass (see matmul_pretransposed)
+        recurrent = ("dynin0", "dynin1", *(f"obs{i}" for i in range(config.obs_layers)), "obslogit")
+        out = with_transposed_kernels(out, recurrent)
+        out["dyn0_h_t"] = jnp.swapaxes(out["dyn0_h"], 1, 2)
+        out["dyn0_u_t"] = out["dyn0_u"].T
+        out["dyncore_t"] = jnp.swapaxes(p["dyncore"]["kernel"], 1, 2)
+    return out
 
 
 def rssm_core(
@@ -456,9 +480,16 @@ def rssm_core_blocks(
         action = action / jax.lax.stop_gradient(jnp.maximum(1.0, jnp.abs(action)))
         dynin2 = normed_dense(p["dynin2"], action)
     u = jnp.concatenate([normed_dense(p["dynin0"], deter), normed_dense(p["dynin1"], stoch), dynin2], -1)
-    x = block_matmul(blocks, p["dyn0_h"]) + to_blocks(config, u @ p["dyn0_u"]) + p["dyn0_bias"]
-    x = jax.nn.silu(rms_norm(p["dyn0_scale"], x, axis=(0, 2)))
-    x = block_matmul(x, p["dyncore"]["kernel"]) + p["core_bias"]
+    if "dyn0_u_t" in p:  # prepared for gradient
+        x = block_matmul_pretransposed(blocks, p["dyn0_h"], p["dyn0_h_t"])
+        x += to_blocks(config, matmul_pretransposed(u, p["dyn0_u"], p["dyn0_u_t"]))
+    else:
+        x = block_matmul(blocks, p["dyn0_h"]) + to_blocks(config, u @ p["dyn0_u"])
+    x = jax.nn.silu(rms_norm(p["dyn0_scale"], x + p["dyn0_bias"], axis=(0, 2)))
+    if "dyncore_t" in p:
+        x = block_matmul_pretransposed(x, p["dyncore"]["kernel"], p["dyncore_t"]) + p["core_bias"]
+    else:
+        x = block_matmul(x, p["dyncore"]["kernel"]) + p["core_bias"]
     reset = jax.nn.sigmoid(x[..., :dg])
     cand = jnp.tanh(reset * x[..., dg : 2 * dg])
     update = jax.nn.sigmoid(x[..., 2 * dg :] - 1.0)
