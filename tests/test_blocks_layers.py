@@ -267,3 +267,40 @@ def test_block_linear_norm_and_act() -> None:
     np.testing.assert_allclose(jax.jit(layer.apply)({"params": p}, x), silu_np(h), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError):
         jax.eval_shape(B.BlockLinear(30, blocks=8).init, key(0), x)
+
+
+def test_pretransposed_matmuls_match_plain_values_and_gradients() -> None:
+    """The custom-gradient matmuls give x @ W and the gradients of x @ W, and none to the copy."""
+    from sb3_worldmodels.blocks.layers import block_matmul, block_matmul_pretransposed, matmul_pretransposed
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(3, 5, 7)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(7, 4)), jnp.float32)
+    probe = jnp.asarray(rng.normal(size=(3, 5, 4)), jnp.float32)
+
+    def plain(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.sin(x @ w) * probe)
+
+    def custom(x: jax.Array, w: jax.Array, wt: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.sin(matmul_pretransposed(x, w, wt)) * probe)
+
+    np.testing.assert_allclose(matmul_pretransposed(x, w, w.T), x @ w, rtol=1e-6)
+    expected = jax.grad(plain, (0, 1))(x, w)
+    got = jax.grad(custom, (0, 1, 2))(x, w, w.T)
+    for a, b in zip(got[:2], expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[2], 0.0)
+
+    xb = jnp.asarray(rng.normal(size=(2, 5, 7)), jnp.float32)  # (G, M, I)
+    wb = jnp.asarray(rng.normal(size=(2, 7, 4)), jnp.float32)  # (G, I, O)
+    probe_b = jnp.asarray(rng.normal(size=(2, 5, 4)), jnp.float32)
+
+    def plain_b(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.sin(block_matmul(x, w)) * probe_b)
+
+    def custom_b(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.sin(block_matmul_pretransposed(x, w, jnp.swapaxes(w, 1, 2))) * probe_b)
+
+    np.testing.assert_allclose(block_matmul(xb, wb), jnp.einsum("gmi,gio->gmo", xb, wb), rtol=1e-5)
+    for a, b in zip(jax.grad(custom_b, (0, 1))(xb, wb), jax.grad(plain_b, (0, 1))(xb, wb), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

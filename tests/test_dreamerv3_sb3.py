@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 import zipfile
 
 import gymnasium as gym
@@ -206,6 +207,13 @@ def test_predict_protocol_and_purity():
     assert np.array_equal(act_key, np.array(model.policy.state["act_key"]))
     with pytest.raises(ValueError, match="tuple"):
         model.predict(gym.make("CartPole-v1").reset())
+    with pytest.warns(UserWarning, match="without `state`"):
+        model.predict(obs, deterministic=True)  # the second call in a row without state
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.predict(obs, deterministic=True)  # warned once only
+        _, state = model.predict(obs, state=state, deterministic=True)
+        model.predict(obs, state=state, deterministic=True)
 
 
 def test_save_load_predict_identical(tmp_path):

@@ -222,6 +222,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         self._convert_train_freq()
         self._rollout = None
         self._predict_calls = 0
+        self._stateless_predicts = 0
         self._wm_callbacks: list[WorldModelCallback] = []
         self._eval_callbacks: list[EvalCallback] = []
 

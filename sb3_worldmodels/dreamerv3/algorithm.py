@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -432,14 +433,24 @@ class DreamerV3(WorldModelAlgorithm):
     ):
         """RecurrentPPO's protocol: ``state`` = (deter (n, D), stoch (n, S, C), previous action (n, A)),
         env axis first; rows where ``episode_start`` is true (or all, when ``state`` is None) restart.
-        Uses its own RNG stream: training and collection are never touched.
+        Uses its own RNG stream: training and collection are never touched. Calling it again without
+        the returned state restarts the agent's memory every step: that warns once per model.
         """
         obs, vectorized = self._predict_batch(observation)
         n = obs.shape[0]
         if state is None:
+            self._stateless_predicts += 1
+            if self._stateless_predicts == 2:
+                warnings.warn(
+                    "DreamerV3.predict was called twice without `state`: the agent is recurrent and forgets "
+                    "everything between such calls. Pass the returned state back, with `episode_start`, "
+                    "as for sb3-contrib's RecurrentPPO (evaluate_policy does this).",
+                    stacklevel=2,
+                )
             carry = core.init_carry(self._config, n)
             starts = np.ones(n, bool)
         else:
+            self._stateless_predicts = 0
             carry = core.Carry(*(jnp.asarray(s) for s in state))
             if carry.deter.shape[0] != n:
                 raise ValueError(
