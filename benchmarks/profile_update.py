@@ -4,6 +4,7 @@
     python benchmarks/profile_update.py --size tiny --batch 2 --length 4
     python benchmarks/profile_update.py --breakdown              # time jitted pieces of one update
     python benchmarks/profile_update.py --hlo                    # HLO sizes of train_many / policy_step
+    python benchmarks/profile_update.py --flops                  # matmul FLOPs of one update
     python benchmarks/profile_update.py --init-only              # init_state alone, in a fresh process
     PYTHONPATH=/path/to/copy python benchmarks/profile_update.py --impl other_pkg.dreamerv3.agent --impl \
         sb3_worldmodels.dreamerv3.agent                          # side-by-side, step timings interleaved
@@ -96,6 +97,24 @@ def hlo_size(text: str) -> int:
     return sum(1 for line in text.splitlines() if " = " in line)
 
 
+def matmul_flops(jaxpr: Any, mult: int = 1) -> int:
+    """FLOPs (2 per multiply-add) of every dot in a jaxpr, inner jaxprs included; a scan's body counts
+    once per iteration. Elementwise work is left out: it is memory-bound, not arithmetic-bound."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            lhs, out = eqn.invars[0].aval, eqn.outvars[0].aval
+            total += 2 * int(np.prod(out.shape)) * int(np.prod([lhs.shape[i] for i in contract])) * mult
+        inner_mult = mult * eqn.params["length"] if eqn.primitive.name == "scan" else mult
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, tuple | list) else [value]:
+                sub = getattr(sub, "jaxpr", sub)  # ClosedJaxpr -> Jaxpr
+                if hasattr(sub, "eqns"):
+                    total += matmul_flops(sub, inner_mult)
+    return total
+
+
 def build(module_name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Init, lower and compile one implementation; returns its timings and the compiled update."""
     agent = importlib.import_module(module_name)
@@ -135,6 +154,9 @@ def build(module_name: str, args: argparse.Namespace) -> dict[str, Any]:
         "policy_step_lower_s": round(p_lower_s, 2),
         "policy_step_compile_s": round(p_compile_s, 2),
     }
+    if args.flops:
+        jaxpr = jax.make_jaxpr(lambda s, x: agent.train_many(config, s, x))(state, batches)
+        result["gflop_per_update"] = round(matmul_flops(jaxpr.jaxpr) / args.k / 1e9, 2)
     if args.hlo:
         result["train_many_stablehlo_ops"] = hlo_size(lowered.as_text())
         result["train_many_hlo_ops_optimized"] = hlo_size(compiled.as_text())
@@ -275,6 +297,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--breakdown", action="store_true")
     parser.add_argument("--hlo", action="store_true", help="report HLO instruction counts")
+    parser.add_argument("--flops", action="store_true", help="count the matmul FLOPs of one update")
     parser.add_argument(
         "--init-only",
         action="store_true",

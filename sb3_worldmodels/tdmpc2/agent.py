@@ -1,0 +1,520 @@
+"""The pure-JAX TD-MPC2 core: state, update and MPPI planning (``specs/tdmpc2.md`` §2-§4, §8.2).
+
+Everything here is a pure function of explicit arguments; ``config`` is a static (hashable) argument.
+
+- :func:`init_state` builds a :class:`TDMPC2State`.
+- :func:`update_with_noise` is one ``TDMPC2.update`` (world-model step, policy step, target EMA) with
+  every random draw given; :func:`train_step` draws them from the state's key and :func:`train_many`
+  scans it over a leading K axis of batches.
+- :func:`plan_with_noise` is one ``TDMPC2.plan`` for one env with every draw given; :func:`act`
+  encodes a batch of observations and plans for each env (vmapped), drawing from a key.
+
+Shape symbols: H horizon, B batch, L latent, A action, O observation, K Q members, S samples,
+P policy trajectories, E elites, I MPPI iterations, n envs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from sb3_worldmodels.blocks.math import symlog_twohot_log_prob
+from sb3_worldmodels.blocks.normalizers import (
+    RunningScaleState,
+    running_scale_apply,
+    running_scale_init,
+    running_scale_update,
+)
+from sb3_worldmodels.tdmpc2 import networks as N
+from sb3_worldmodels.tdmpc2.config import TDMPC2Config
+
+Array = jax.Array
+sg = jax.lax.stop_gradient
+
+WORLD_MODEL_MODULES = ("encoder", "dynamics", "reward", "qs", "termination")
+"""Modules of the world-model Adam group (``tdmpc2.py:17-24``; termination only when episodic)."""
+
+
+class TDMPC2State(NamedTuple):
+    """Everything one agent's update reads and writes."""
+
+    params: dict
+    """{"encoder", "dynamics", "reward", "pi", "qs"[, "termination"]} (see :mod:`.networks`)."""
+    target_qs: dict
+    """EMA copy of ``params["qs"]``."""
+    wm_opt: Any
+    """Adam state over the world-model modules."""
+    pi_opt: Any
+    """Adam state over ``params["pi"]``."""
+    scale: RunningScaleState
+    """RunningScale of the policy loss."""
+    pi_grad_sq: Array
+    """() float32, squared norm of the last clipped policy gradient (0 before the first update)."""
+    lr: Array
+    """() float32 learning rate (the SB3 class feeds its schedule in here)."""
+    key: Array
+    """(2,) uint32 PRNG key of the updates."""
+    updates: Array
+    """() int32 number of updates done."""
+
+
+class UpdateNoise(NamedTuple):
+    """All randomness of one update (draw order of the reference: eps_td, pair_td, eps_pi, pair_pi)."""
+
+    eps_td: Array
+    """(H, B, A) policy noise of the TD targets."""
+    pair_td: Array
+    """(2,) int32 target-Q members of the TD targets."""
+    eps_pi: Array
+    """(H+1, B, A) policy noise of the policy step."""
+    pair_pi: Array
+    """(2,) int32 Q members of the policy step."""
+    dropout: Array | None
+    """(3, 2) keys of the Q dropout masks (TD target, value loss, policy loss), or None (no dropout)."""
+
+
+class PlanNoise(NamedTuple):
+    """All randomness of one plan for one env (``tdmpc2.py:116-167``)."""
+
+    pi_traj: Array
+    """(H, P, A) policy noise of the policy trajectories."""
+    mppi: Array
+    """(I, H, S−P, A) N(0, 1) sampling noise per iteration."""
+    value_pi: Array
+    """(I, S, A) policy noise at the terminal latents of the value estimates."""
+    value_pair: Array
+    """(I, 2) int32 Q members of the terminal values."""
+    elite_u: Array
+    """() float32 uniform in [0, 1): the final elite is drawn by inverse CDF of the scores (as numpy's
+    weighted ``choice``)."""
+    elite_pick: Array
+    """() int32 index into the final elites that replaces that draw when >= 0 (recorded draws)."""
+    final: Array
+    """(A,) N(0, 1) exploration noise (used when not in eval mode)."""
+    dropout: Array | None
+    """(I, 2) keys of the terminal values' Q dropout, or None."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Initialisation
+# ------------------------------------------------------------------------------------------------
+
+
+def _adam(eps: float) -> optax.GradientTransformation:
+    """PyTorch Adam's direction m̂ / (sqrt(v̂) + eps), betas (0.9, 0.999); the learning rate comes apart."""
+    return optax.scale_by_adam(b1=0.9, b2=0.999, eps=eps)
+
+
+def _wm_params(params: dict) -> dict:
+    return {k: params[k] for k in WORLD_MODEL_MODULES if k in params}
+
+
+def init_state(config: TDMPC2Config, key: Array) -> TDMPC2State:
+    """A fresh agent state from a (2,) uint32 PRNG key."""
+    key = jnp.asarray(key)
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    key, init_key = jax.random.split(key)
+    params, target_qs = jax.jit(N.init_params, static_argnums=0)(config, init_key)
+    return TDMPC2State(
+        params=params,
+        target_qs=target_qs,
+        wm_opt=_adam(1e-8).init(_wm_params(params)),
+        pi_opt=_adam(1e-5).init(params["pi"]),
+        scale=running_scale_init(),
+        pi_grad_sq=jnp.zeros((), jnp.float32),
+        lr=jnp.asarray(config.lr, jnp.float32),
+        key=key,
+        updates=jnp.zeros((), jnp.int32),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Update (tdmpc2.py:169-286)
+# ------------------------------------------------------------------------------------------------
+
+
+def _dropout_key(config: TDMPC2Config, keys: Array | None, index: int, train: bool) -> Array | None:
+    """The dropout key of a Q evaluation, or None where ``config.q_dropout`` switches it off."""
+    if keys is None or config.q_dropout == "off" or (config.q_dropout == "train" and not train):
+        return None
+    return keys[index]
+
+
+def _rho(config: TDMPC2Config, n: int) -> Array:
+    return jnp.asarray(config.rho ** np.arange(n), jnp.float32)
+
+
+def td_target(
+    config: TDMPC2Config,
+    params: dict,
+    target_qs: dict,
+    next_z: Array,
+    reward: Array,
+    terminated: Array | None,
+    eps: Array,
+    pair: Array,
+    dropout_key: Array | None,
+) -> tuple[Array, dict]:
+    """r + γ·(1 − terminated)·min of a target-Q pair at (z', π(z')) (``tdmpc2.py:197-212``; §8.2).
+
+    next_z (H, B, L), reward (H, B), terminated (H, B) or None → (H, B), and the pieces.
+    """
+    _, action, _, _ = N.policy(config, params, next_z, eps)
+    q = N.q_pair_value(config, target_qs, next_z, action, pair, dropout_key, "min")
+    cont = 1.0 if terminated is None else 1.0 - terminated
+    return reward + config.discount * cont * q, {"td_pi_action": action, "td_q_target_min": q}
+
+
+def world_model_loss(
+    config: TDMPC2Config, wm: dict, pi: dict, target_qs: dict, batch: dict[str, Array], noise: UpdateNoise
+) -> tuple[Array, dict]:
+    """The world-model loss of one batch (``tdmpc2.py:214-263``), differentiable w.r.t. ``wm``.
+
+    Args:
+        wm: the world-model modules; pi: policy parameters (TD targets only, not differentiated).
+        batch: "obs" (H+1, B, O), "action" (H, B, A), "reward" (H, B)[, "terminated" (H, B)].
+
+    Returns:
+        (total, aux) with aux = {"losses", "zs" (H+1, B, L) rollout latents, "internals"}.
+    """
+    h = config.horizon
+    params = {**wm, "pi": pi}
+    obs, action, reward = batch["obs"], batch["action"], batch["reward"]
+    terminated = batch.get("terminated") if config.episodic else None
+    next_z = sg(N.encode(config, params, obs[1:]))
+    td, td_parts = td_target(
+        config,
+        sg(params),
+        sg(target_qs),
+        next_z,
+        reward,
+        terminated,
+        noise.eps_td,
+        noise.pair_td,
+        _dropout_key(config, noise.dropout, 0, train=False),
+    )
+    td = sg(td)
+
+    z = N.encode(config, params, obs[0])
+    zs = [z]
+    consistency = 0.0
+    for t in range(h):
+        z = N.next_latent(config, params, z, action[t])
+        consistency += jnp.mean(jnp.square(z - next_z[t])) * config.rho**t
+        zs.append(z)
+    consistency = consistency * (1.0 / h)
+    zs = jnp.stack(zs)
+
+    q_logits = N.q_logits(
+        config, params["qs"], zs[:-1], action, _dropout_key(config, noise.dropout, 1, train=True)
+    )  # (K, H, B, n)
+    rew_logits = N.reward_logits(config, params, zs[:-1], action)  # (H, B, n)
+    bins = (config.num_bins, config.vmin, config.vmax)
+    rho = _rho(config, h)
+    reward_ce = -symlog_twohot_log_prob(rew_logits, reward, *bins)  # (H, B)
+    value_ce = -symlog_twohot_log_prob(q_logits, td[None], *bins)  # (K, H, B)
+    reward_loss = jnp.sum(reward_ce.mean(-1) * rho) * (1.0 / h)
+    value_loss = jnp.sum(value_ce.mean(-1) * rho) * (1.0 / (h * config.num_q))
+    losses = {"consistency": consistency, "reward": reward_loss, "value": value_loss}
+    total = (
+        config.consistency_coef * consistency
+        + config.reward_coef * reward_loss
+        + config.value_coef * value_loss
+    )
+    internals = {
+        "next_z": next_z,
+        "td_targets": td,
+        "z0": zs[0],
+        "q_logits": q_logits,
+        "reward_logits": rew_logits,
+    }
+    internals.update(td_parts)
+    if config.episodic:
+        logits = N.termination_logit(config, params, zs[1:])  # (H, B)
+        termination = jnp.mean(optax.sigmoid_binary_cross_entropy(logits, terminated))
+        losses["termination"] = termination
+        total = total + config.termination_coef * termination
+        internals["termination_logits"] = logits
+    return total, {"losses": losses, "zs": zs, "internals": internals}
+
+
+def policy_loss(
+    config: TDMPC2Config, pi: dict, qs: dict, zs: Array, scale: RunningScaleState, noise: UpdateNoise
+) -> tuple[Array, dict]:
+    """The policy loss on detached latents zs (H+1, B, L) with the (updated, frozen) Q members
+    (``tdmpc2.py:169-195``): mean_t ρ^t·mean_B(α·log π − Q/S), S the RunningScale updated on Q[0]."""
+    _, action, log_pi, _ = N.policy(config, {"pi": pi}, zs, noise.eps_pi)
+    q = N.q_pair_value(
+        config, sg(qs), zs, action, noise.pair_pi, _dropout_key(config, noise.dropout, 2, train=True), "avg"
+    )
+    scale = running_scale_update(scale, q[0], config.tau)
+    scaled = running_scale_apply(scale, q)
+    rho = _rho(config, config.horizon + 1)
+    loss = jnp.mean(jnp.mean(config.entropy_coef * log_pi - scaled, -1) * rho)
+    return loss, {"scale": scale, "q_avg_unscaled": q, "action": action, "log_pi": log_pi}
+
+
+def _clip_factor(norm: Array, max_norm: float) -> Array:
+    """PyTorch's clip_grad_norm_: multiply by min(1, max_norm / (norm + 1e-6))."""
+    return jnp.minimum(1.0, max_norm / (norm + 1e-6))
+
+
+def _sq_norm(tree: Any) -> Array:
+    return sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree))
+
+
+def update_with_noise(
+    config: TDMPC2Config, state: TDMPC2State, batch: dict[str, Array], noise: UpdateNoise
+) -> tuple[TDMPC2State, dict[str, Array], dict[str, Any]]:
+    """One update with the given draws (``tdmpc2.py:214-286``); ``state.key`` is left unchanged.
+
+    Returns (new state, scalar metrics, aux {"internals", "pi"}).
+    """
+    params = state.params
+    wm, pi = _wm_params(params), params["pi"]
+    grad_fn = jax.value_and_grad(world_model_loss, argnums=1, has_aux=True)
+    (total, aux), grads = grad_fn(config, wm, pi, state.target_qs, batch, noise)
+
+    # Clip jointly with the policy's stale gradient (b67b21c, §3.3 step 6), then Adam.
+    wm_sq = _sq_norm(grads)
+    stale = state.pi_grad_sq if config.stale_pi_grad_in_clip else 0.0
+    grad_norm = jnp.sqrt(wm_sq + stale)
+    grads = jax.tree_util.tree_map(lambda g: g * _clip_factor(grad_norm, config.grad_clip_norm), grads)
+    direction, wm_opt = _adam(1e-8).update(grads, state.wm_opt)
+    step = {k: -state.lr * (config.enc_lr_scale if k == "encoder" else 1.0) for k in direction}
+    wm = {k: jax.tree_util.tree_map(lambda p, d, s=step[k]: p + s * d, wm[k], direction[k]) for k in wm}
+
+    # Policy step on the pre-update latents with the post-update Q members.
+    zs = sg(aux["zs"])
+    pi_grad_fn = jax.value_and_grad(policy_loss, argnums=1, has_aux=True)
+    (pi_loss, pi_aux), pi_grads = pi_grad_fn(config, pi, wm["qs"], zs, state.scale, noise)
+    pi_norm = jnp.sqrt(_sq_norm(pi_grads))
+    clip = _clip_factor(pi_norm, config.grad_clip_norm)
+    pi_grads = jax.tree_util.tree_map(lambda g: g * clip, pi_grads)
+    pi_direction, pi_opt = _adam(1e-5).update(pi_grads, state.pi_opt)
+    pi = jax.tree_util.tree_map(lambda p, d: p - state.lr * d, pi, pi_direction)
+
+    # Target Qs: lerp toward the updated online Qs.
+    target_qs = jax.tree_util.tree_map(lambda t, q: t + config.tau * (q - t), state.target_qs, wm["qs"])
+    new_state = state._replace(
+        params={**wm, "pi": pi},
+        target_qs=target_qs,
+        wm_opt=wm_opt,
+        pi_opt=pi_opt,
+        scale=pi_aux["scale"],
+        pi_grad_sq=jnp.square(pi_norm * clip),
+        updates=state.updates + 1,
+    )
+    metrics = {f"{k}_loss": v for k, v in aux["losses"].items()}
+    metrics.update(
+        pi_loss=pi_loss,
+        total_loss=total,
+        grad_norm=grad_norm,
+        pi_grad_norm=pi_norm,
+        pi_scale=pi_aux["scale"].value,
+    )
+    internals = dict(aux["internals"])
+    internals.update(
+        pi_step_action=pi_aux["action"],
+        pi_step_log_pi=pi_aux["log_pi"],
+        pi_step_q_avg_unscaled=pi_aux["q_avg_unscaled"],
+        zs=zs,
+    )
+    return new_state, metrics, {"internals": internals}
+
+
+def sample_update_noise(config: TDMPC2Config, key: Array, batch_size: int) -> UpdateNoise:
+    """Fresh draws for one update on a batch of B windows."""
+    keys = jax.random.split(key, 5)
+    h, a, k = config.horizon, config.action_dim, config.num_q
+    return UpdateNoise(
+        eps_td=jax.random.normal(keys[0], (h, batch_size, a), jnp.float32),
+        pair_td=jax.random.choice(keys[1], k, (2,), replace=False).astype(jnp.int32),
+        eps_pi=jax.random.normal(keys[2], (h + 1, batch_size, a), jnp.float32),
+        pair_pi=jax.random.choice(keys[3], k, (2,), replace=False).astype(jnp.int32),
+        dropout=jax.random.split(keys[4], 3),
+    )
+
+
+def train_step(
+    config: TDMPC2Config, state: TDMPC2State, batch: dict[str, Array]
+) -> tuple[TDMPC2State, dict[str, Array]]:
+    """One update on a batch (see :func:`world_model_loss` for its layout), drawing from ``state.key``."""
+    key, noise_key = jax.random.split(state.key)
+    noise = sample_update_noise(config, noise_key, batch["reward"].shape[1])
+    new_state, metrics, _ = update_with_noise(config, state, batch, noise)
+    return new_state._replace(key=key), metrics
+
+
+def train_many(
+    config: TDMPC2Config, state: TDMPC2State, batches: dict[str, Array]
+) -> tuple[TDMPC2State, dict[str, Array]]:
+    """K updates in one call, scanned over the leading K axis of ``batches``; metrics get a leading K."""
+    return jax.lax.scan(lambda s, b: train_step(config, s, b), state, batches)
+
+
+# ------------------------------------------------------------------------------------------------
+# Planning (tdmpc2.py:69-167)
+# ------------------------------------------------------------------------------------------------
+
+
+def estimate_value(
+    config: TDMPC2Config,
+    params: dict,
+    z: Array,
+    actions: Array,
+    pi_eps: Array,
+    pair: Array,
+    dropout_key: Array | None,
+) -> Array:
+    """Σ_t γ^t r̂_t + γ^H·avgQ(z_H, π(z_H)) for candidates ``actions`` (H, S, A) from z (S, L) → (S,).
+
+    Episodic: a candidate stops collecting once the termination head fires (§8.2).
+    """
+    value = jnp.zeros(z.shape[:-1], jnp.float32)
+    done = jnp.zeros(z.shape[:-1], jnp.float32)
+    discount = 1.0
+    for t in range(config.horizon):
+        reward = N.decode(config, N.reward_logits(config, params, z, actions[t]))
+        z = N.next_latent(config, params, z, actions[t])
+        value = value + discount * (1.0 - done) * reward
+        if config.episodic:
+            fired = (jax.nn.sigmoid(N.termination_logit(config, params, z)) > 0.5).astype(jnp.float32)
+            done = jnp.minimum(1.0, done + fired)
+        discount *= config.discount
+    _, action, _, _ = N.policy(config, params, z, pi_eps)
+    q = N.q_pair_value(config, params["qs"], z, action, pair, dropout_key, "avg")
+    return value + discount * (1.0 - done) * q
+
+
+def plan_with_noise(
+    config: TDMPC2Config,
+    params: dict,
+    z: Array,
+    prev_mean: Array,
+    first: Array,
+    eval_mode: Array,
+    noise: PlanNoise,
+) -> tuple[Array, Array, dict[str, Array]]:
+    """MPPI for one env (``tdmpc2.py:105-167``).
+
+    Args:
+        z: (L,) latent of the current observation; prev_mean: (H, A) the previous plan's mean.
+        first: () bool, the episode's first step (no warm start); eval_mode: () bool, no final noise.
+
+    Returns:
+        (action (A,) in [−1, 1], the new plan mean (H, A), per-iteration internals).
+    """
+    h, a = config.horizon, config.action_dim
+    p, s, e = config.num_pi_trajs, config.num_samples, config.num_elites
+
+    zp = jnp.broadcast_to(z, (p, z.shape[-1]))
+    pi_actions = []
+    for t in range(h):
+        _, act, _, _ = N.policy(config, params, zp, noise.pi_traj[t])
+        pi_actions.append(act)
+        if t < h - 1:
+            zp = N.next_latent(config, params, zp, act)
+    pi_actions = jnp.stack(pi_actions)  # (H, P, A)
+
+    warm = jnp.concatenate([prev_mean[1:], jnp.zeros((1, a), jnp.float32)], 0)
+    mean = jnp.where(first, jnp.zeros((h, a), jnp.float32), warm)
+    std = jnp.full((h, a), config.max_std, jnp.float32)
+    zs = jnp.broadcast_to(z, (s, z.shape[-1]))
+
+    def iteration(carry: tuple[Array, Array], xs: tuple) -> tuple[tuple[Array, Array], dict]:
+        mean, std = carry
+        mppi_eps, pi_eps, pair, drop = xs
+        sampled = jnp.clip(mean[:, None] + std[:, None] * mppi_eps, -1.0, 1.0)
+        actions = jnp.concatenate([pi_actions, sampled], 1)  # (H, S, A)
+        value = estimate_value(config, params, zs, actions, pi_eps, pair, drop)
+        value = jnp.nan_to_num(value, nan=0.0)
+        elite_value, elite_idxs = jax.lax.top_k(value, e)
+        elite_actions = actions[:, elite_idxs]  # (H, E, A)
+        score = jnp.exp(config.temperature * (elite_value - jnp.max(elite_value)))
+        score = score / jnp.sum(score)
+        total = jnp.sum(score) + 1e-9
+        new_mean = jnp.sum(score[:, None] * elite_actions, 1) / total
+        new_std = jnp.sqrt(jnp.sum(score[:, None] * jnp.square(elite_actions - new_mean[:, None]), 1) / total)
+        new_std = jnp.clip(new_std, config.min_std, config.max_std)
+        out = {
+            "mean_before": mean,
+            "std_before": std,
+            "actions": actions,
+            "values": value,
+            "elite_idxs": elite_idxs,
+            "elite_actions": elite_actions,
+            "score": score,
+            "mean_after": new_mean,
+            "std_after": new_std,
+        }
+        return (new_mean, new_std), out
+
+    drops = noise.dropout if noise.dropout is not None and config.q_dropout == "always" else None
+    xs = (noise.mppi, noise.value_pi, noise.value_pair, drops)
+    if drops is None:
+        (mean, std), iters = jax.lax.scan(lambda c, x: iteration(c, (*x, None)), (mean, std), xs[:3])
+    else:
+        (mean, std), iters = jax.lax.scan(iteration, (mean, std), xs)
+
+    score = iters["score"][-1]
+    cdf = jnp.cumsum(score)
+    drawn = jnp.minimum(jnp.searchsorted(cdf, noise.elite_u * cdf[-1], side="right"), e - 1)
+    pick = jnp.where(noise.elite_pick >= 0, noise.elite_pick, drawn)
+    chosen = iters["elite_actions"][-1][:, pick]  # (H, A)
+    action = chosen[0] + jnp.where(eval_mode, 0.0, 1.0) * std[0] * noise.final
+    return jnp.clip(action, -1.0, 1.0), mean, {**iters, "action_before_noise": chosen[0], "std": std}
+
+
+def sample_plan_noise(config: TDMPC2Config, key: Array, iterations: int) -> PlanNoise:
+    """Fresh draws for one plan of one env; the elite pick is drawn later, from the final scores."""
+    h, a, k = config.horizon, config.action_dim, config.num_q
+    p, s = config.num_pi_trajs, config.num_samples
+    keys = jax.random.split(key, 7)
+    pairs = jax.vmap(lambda kk: jax.random.choice(kk, k, (2,), replace=False))(
+        jax.random.split(keys[6], iterations)
+    )
+    return PlanNoise(
+        pi_traj=jax.random.normal(keys[0], (h, p, a), jnp.float32),
+        mppi=jax.random.normal(keys[1], (iterations, h, s - p, a), jnp.float32),
+        value_pi=jax.random.normal(keys[2], (iterations, s, a), jnp.float32),
+        value_pair=pairs.astype(jnp.int32),
+        elite_u=jax.random.uniform(keys[3], (), jnp.float32),
+        elite_pick=jnp.full((), -1, jnp.int32),
+        final=jax.random.normal(keys[4], (a,), jnp.float32),
+        dropout=jax.random.split(keys[5], iterations),
+    )
+
+
+def act(
+    config: TDMPC2Config,
+    params: dict,
+    obs: Array,
+    prev_mean: Array,
+    first: Array,
+    key: Array,
+    eval_mode: bool = False,
+) -> tuple[Array, Array]:
+    """Encode n observations (n, O) and plan for each env: returns actions (n, A) and plan means (n, H, A).
+
+    ``prev_mean`` (n, H, A) is each env's previous plan; ``first`` (n,) bool restarts it (t0).
+    """
+    z = N.encode(config, params, obs)
+    keys = jax.random.split(key, obs.shape[0])
+    noise = jax.vmap(lambda k: sample_plan_noise(config, k, config.iterations))(keys)
+
+    def one(z: Array, prev: Array, f: Array, nz: PlanNoise) -> tuple[Array, Array]:
+        action, mean, _ = plan_with_noise(config, params, z, prev, f, jnp.asarray(eval_mode), nz)
+        return action, mean
+
+    return jax.vmap(one)(z, prev_mean, first, noise)
+
+
+def random_actions(key: Array, n: int, action_dim: int) -> Array:
+    """Uniform actions in [−1, 1] for the seed phase: (n, A)."""
+    return jax.random.uniform(key, (n, action_dim), jnp.float32, -1.0, 1.0)

@@ -1,0 +1,135 @@
+"""TD-MPC2 hyperparameters: one frozen dataclass, with the model-size presets.
+
+Every default is the value of nicklashansen/tdmpc2 @b67b21c, cited as ``config.yaml:LINE`` (or
+another file of that commit) unless said otherwise. Each field is documented here once; the SB3
+class (:class:`sb3_worldmodels.TDMPC2`) takes the same names as keyword arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+# size -> (enc_dim, mlp_dim, latent_dim, num_enc_layers, num_q); common/__init__.py:1-23.
+MODEL_SIZES: dict[int, tuple[int, int, int, int, int]] = {
+    1: (256, 384, 128, 2, 2),
+    5: (256, 512, 512, 2, 5),
+    19: (1024, 1024, 768, 3, 5),
+    48: (1792, 1792, 768, 4, 5),
+    317: (4096, 4096, 1376, 5, 8),
+}
+
+Q_DROPOUT_MODES = ("always", "train", "off")
+
+
+@dataclass(frozen=True)
+class TDMPC2Config:
+    """Static configuration of one single-task TD-MPC2 agent (hashable: a jit static argument).
+
+    Space-derived fields (``obs_dim``, ``action_dim``) and ``discount`` are filled by the SB3 class.
+    """
+
+    # --- spaces (set from the env) ---
+    obs_dim: int = 3
+    """Width of the flat float32 observation vector."""
+    action_dim: int = 1
+    """Width of the action vector, in [-1, 1]."""
+
+    # --- architecture (config.yaml:52-60; presets common/__init__.py:1-23) ---
+    enc_dim: int = 256
+    """Width of the encoder's hidden layers."""
+    mlp_dim: int = 512
+    """Width of the hidden layers of dynamics, reward, policy and Q networks."""
+    latent_dim: int = 512
+    """L, width of the latent state z (SimNorm groups of ``simnorm_dim``)."""
+    num_enc_layers: int = 2
+    """Affine layers of the encoder (max(n - 1, 1) hidden layers plus the latent layer)."""
+    num_q: int = 5
+    """K, members of the Q ensemble."""
+    simnorm_dim: int = 8
+    """Group size of SimNorm (config.yaml:60)."""
+    dropout: float = 0.01
+    """Dropout rate after the first affine layer of each Q member (config.yaml:59)."""
+    q_dropout: str = "always"
+    """Where Q dropout is active: "always" is b67b21c (every Q evaluation, target and planning
+    included: spec §2.4), "train" the later upstream code (value and policy losses only), "off"."""
+    num_bins: int = 101
+    vmin: float = -10.0
+    vmax: float = 10.0
+    """Two-hot bins of the reward and Q heads, linear in symlog space (config.yaml:47-49)."""
+    log_std_min: float = -10.0
+    log_std_max: float = 2.0
+    """Range of the policy's log-std (config.yaml:42-43)."""
+
+    # --- losses (config.yaml:14-25) ---
+    batch_size: int = 256
+    reward_coef: float = 0.1
+    value_coef: float = 0.1
+    consistency_coef: float = 20.0
+    rho: float = 0.5
+    """Temporal weight rho^t of the losses over the horizon."""
+    entropy_coef: float = 1e-4
+    discount: float = 0.99
+    """gamma; the SB3 class sets it from the episode length with :func:`discount_from_episode_length`."""
+    episodic: bool = False
+    """Termination head, masked TD targets and planner masks of the later upstream code (spec §8.2)."""
+    termination_coef: float = 1.0
+    """Weight of the termination loss when ``episodic`` (7ec6bc8 config.yaml)."""
+
+    # --- optimisers (tdmpc2.py:20-27) ---
+    lr: float = 3e-4
+    enc_lr_scale: float = 0.3
+    """The encoder's learning rate is lr * enc_lr_scale."""
+    grad_clip_norm: float = 20.0
+    tau: float = 0.01
+    """EMA rate of the target Qs and of RunningScale."""
+    stale_pi_grad_in_clip: bool = True
+    """b67b21c clips the world-model gradient by sqrt(|g_wm|^2 + |g_pi,prev|^2): the previous policy
+    gradient is still stored on the policy parameters (spec §3.3 step 6). Upstream dropped it later."""
+
+    # --- planning (config.yaml:31-39) ---
+    horizon: int = 3
+    iterations: int = 6
+    """MPPI iterations; the SB3 class adds 2 when the action has 20 or more dimensions (tdmpc2.py:30)."""
+    num_samples: int = 512
+    num_elites: int = 64
+    num_pi_trajs: int = 24
+    min_std: float = 0.05
+    max_std: float = 2.0
+    temperature: float = 0.5
+    """Multiplies the value gap in the elite weights exp(temperature * (v - max v)) (tdmpc2.py:151)."""
+
+    @property
+    def bin_size(self) -> float:
+        return (self.vmax - self.vmin) / (self.num_bins - 1)
+
+    def replace(self, **changes) -> TDMPC2Config:
+        return dataclasses.replace(self, **changes)
+
+
+def discount_from_episode_length(
+    episode_length: int, denom: float = 5.0, lo: float = 0.95, hi: float = 0.995
+) -> float:
+    """The reference's discount heuristic (tdmpc2.py:35-48): clip((T/5 - 1)/(T/5), 0.95, 0.995)."""
+    frac = episode_length / denom
+    return float(min(max((frac - 1) / frac, lo), hi))
+
+
+def preset(model_size: int, **overrides) -> TDMPC2Config:
+    """The config of a model size (1, 5, 19, 48 or 317), with explicit field overrides (None = keep)."""
+    if model_size not in MODEL_SIZES:
+        raise ValueError(f"Unknown TD-MPC2 model_size {model_size!r}; choose one of {sorted(MODEL_SIZES)}.")
+    enc_dim, mlp_dim, latent_dim, num_enc_layers, num_q = MODEL_SIZES[model_size]
+    base = TDMPC2Config(
+        enc_dim=enc_dim, mlp_dim=mlp_dim, latent_dim=latent_dim, num_enc_layers=num_enc_layers, num_q=num_q
+    )
+    cfg = base.replace(**{k: v for k, v in overrides.items() if v is not None})
+    if cfg.latent_dim % cfg.simnorm_dim:
+        raise ValueError(f"latent_dim={cfg.latent_dim} must be divisible by simnorm_dim={cfg.simnorm_dim}.")
+    if cfg.q_dropout not in Q_DROPOUT_MODES:
+        raise ValueError(f"q_dropout must be one of {Q_DROPOUT_MODES}, got {cfg.q_dropout!r}.")
+    if cfg.num_q < 2:
+        raise ValueError(f"num_q must be at least 2 (targets use a pair of Q members), got {cfg.num_q}.")
+    if not cfg.num_pi_trajs < cfg.num_samples or not cfg.num_elites <= cfg.num_samples:
+        raise ValueError("num_pi_trajs must be below num_samples and num_elites at most num_samples.")
+    return cfg

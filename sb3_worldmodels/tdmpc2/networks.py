@@ -1,0 +1,216 @@
+"""TD-MPC2 networks as pure functions of explicit parameter trees (``specs/tdmpc2.md`` §2).
+
+Parameter tree of one agent (``init_params``), every layer a dict:
+
+- ``"encoder"``, ``"dynamics"``, ``"reward"``, ``"pi"`` (and ``"termination"`` when episodic): dicts
+  ``{"0": layer, "1": layer, ...}`` in the reference's layer order (``_encoder.state.i``,
+  ``_dynamics.i``, ...);
+- ``"qs"``: the K Q members with every leaf stacked on a leading K axis (``_Qs.params``).
+
+A normed layer is ``{"kernel" (in, out), "bias" (out,), "ln_scale" (out,), "ln_bias" (out,)}``
+(affine → [dropout] → LayerNorm(eps 1e-5) → activation, ``layers.py:50-72``); a plain output layer
+``{"kernel", "bias"}``. Kernels are (in, out), the transpose of PyTorch's weights.
+
+Shape symbols: L latent, A action, O observation, K ensemble members, n bins.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sb3_worldmodels.blocks.layers import mish, simnorm
+from sb3_worldmodels.blocks.math import symlog_twohot_mean
+from sb3_worldmodels.tdmpc2.config import TDMPC2Config
+
+Array = jax.Array
+
+LN_EPS = 1e-5
+"""PyTorch's LayerNorm epsilon (spec §10 item 1)."""
+INIT_STD = 0.02
+"""Std of every linear weight at init (``init.py:4-22``; the ±2 absolute truncation is a no-op)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Layers
+# ------------------------------------------------------------------------------------------------
+
+
+def layer_norm(x: Array, scale: Array, bias: Array, eps: float = LN_EPS) -> Array:
+    """PyTorch LayerNorm over the last axis: (x − mean) / sqrt(biased var + eps) · scale + bias."""
+    mean = jnp.mean(x, -1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), -1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + eps) * scale + bias
+
+
+def dropout(x: Array, key: Array, rate: float) -> Array:
+    """Inverted dropout: zero each element with probability ``rate``, scale the rest by 1/(1 − rate)."""
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+def normed_linear(
+    p: dict, x: Array, act: Callable[[Array], Array], drop: tuple[Array, float] | None = None
+) -> Array:
+    """Affine → optional dropout (key, rate) → LayerNorm → ``act``; (..., in) → (..., out)."""
+    y = x @ p["kernel"] + p["bias"]
+    if drop is not None:
+        y = dropout(y, *drop)
+    return act(layer_norm(y, p["ln_scale"], p["ln_bias"]))
+
+
+def mlp(p: dict, x: Array, out: str, config: TDMPC2Config, drop: tuple[Array, float] | None = None) -> Array:
+    """The reference ``mlp``: Mish hidden layers, dropout on the first one only, then ``out``:
+    "simnorm" (normed layer with SimNorm as its activation) or "linear" (plain affine)."""
+    n = len(p)
+    for i in range(n - 1):
+        x = normed_linear(p[str(i)], x, mish, drop if i == 0 else None)
+    last = p[str(n - 1)]
+    if out == "simnorm":
+        return normed_linear(last, x, lambda y: simnorm(y, config.simnorm_dim))
+    return x @ last["kernel"] + last["bias"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Initialisation (§2.6)
+# ------------------------------------------------------------------------------------------------
+
+
+def layer_shapes(config: TDMPC2Config) -> dict[str, list[tuple[int, int, bool]]]:
+    """Per module, its layers as (in, out, normed), in order (§2.2)."""
+    lat, act, hid = config.latent_dim, config.action_dim, config.mlp_dim
+
+    def stack(inp: int, hidden: list[int], out: int, normed_out: bool) -> list[tuple[int, int, bool]]:
+        widths = [inp, *hidden]
+        return [(widths[i], widths[i + 1], True) for i in range(len(hidden))] + [
+            (widths[-1], out, normed_out)
+        ]
+
+    shapes = {
+        "encoder": stack(config.obs_dim, [config.enc_dim] * max(config.num_enc_layers - 1, 1), lat, True),
+        "dynamics": stack(lat + act, [hid, hid], lat, True),
+        "reward": stack(lat + act, [hid, hid], config.num_bins, False),
+        "pi": stack(lat, [hid, hid], 2 * act, False),
+        "qs": stack(lat + act, [hid, hid], config.num_bins, False),
+    }
+    if config.episodic:
+        shapes["termination"] = stack(lat, [hid, hid], 1, False)
+    return shapes
+
+
+def init_params(config: TDMPC2Config, key: Array) -> tuple[dict, dict]:
+    """Fresh (params, target Q params): weights N(0, 0.02²), biases 0, LayerNorm scale 1 / offset 0,
+    the last layers of the reward head and of every Q member zero; the target Qs a copy (§2.6).
+
+    All weights are cut from one normal draw of ``key`` (one small computation to compile). Traceable.
+    """
+    shapes = layer_shapes(config)
+    k = config.num_q
+    zero_last = {"reward", "qs"}
+    sizes = []
+    for name, layers in shapes.items():
+        members = k if name == "qs" else 1
+        for i, (fan_in, fan_out, _) in enumerate(layers):
+            if not (name in zero_last and i == len(layers) - 1):
+                sizes.append(members * fan_in * fan_out)
+    flat = jax.random.normal(key, (sum(sizes),), jnp.float32) * INIT_STD
+    offset = 0
+    params: dict = {}
+    for name, layers in shapes.items():
+        lead = (k,) if name == "qs" else ()
+        module = {}
+        for i, (fan_in, fan_out, normed) in enumerate(layers):
+            size = int(np.prod((*lead, fan_in, fan_out)))
+            if name in zero_last and i == len(layers) - 1:
+                kernel = jnp.zeros((*lead, fan_in, fan_out), jnp.float32)
+            else:
+                kernel = flat[offset : offset + size].reshape(*lead, fan_in, fan_out)
+                offset += size
+            layer = {"kernel": kernel, "bias": jnp.zeros((*lead, fan_out), jnp.float32)}
+            if normed:
+                layer["ln_scale"] = jnp.ones((*lead, fan_out), jnp.float32)
+                layer["ln_bias"] = jnp.zeros((*lead, fan_out), jnp.float32)
+            module[str(i)] = layer
+        params[name] = module
+    target_qs = jax.tree_util.tree_map(lambda x: x, params["qs"])
+    return params, target_qs
+
+
+# ------------------------------------------------------------------------------------------------
+# Model components (world_model.py)
+# ------------------------------------------------------------------------------------------------
+
+
+def encode(config: TDMPC2Config, params: dict, obs: Array) -> Array:
+    """(..., O) observations → (..., L) latents (``world_model.py:97-104``)."""
+    return mlp(params["encoder"], obs, "simnorm", config)
+
+
+def next_latent(config: TDMPC2Config, params: dict, z: Array, action: Array) -> Array:
+    """Latent dynamics d(z, a): (..., L), (..., A) → (..., L) (``:106-113``)."""
+    return mlp(params["dynamics"], jnp.concatenate([z, action], -1), "simnorm", config)
+
+
+def reward_logits(config: TDMPC2Config, params: dict, z: Array, action: Array) -> Array:
+    """(..., L), (..., A) → (..., n) reward logits (``:115-122``)."""
+    return mlp(params["reward"], jnp.concatenate([z, action], -1), "linear", config)
+
+
+def termination_logit(config: TDMPC2Config, params: dict, z: Array) -> Array:
+    """Episodic only: (..., L) → (...) logit that the transition into z terminated (spec §8.2)."""
+    return mlp(params["termination"], z, "linear", config)[..., 0]
+
+
+def decode(config: TDMPC2Config, logits: Array) -> Array:
+    """two_hot_inv: (..., n) logits → (...) values (expectation in symlog space, then symexp)."""
+    return symlog_twohot_mean(logits, config.num_bins, config.vmin, config.vmax)
+
+
+def q_logits(config: TDMPC2Config, qs: dict, z: Array, action: Array, key: Array | None) -> Array:
+    """All K members on the same input: (..., L), (..., A) → (K, ..., n) logits (``:152-174``).
+
+    ``key`` draws independent dropout masks per member (rate ``config.dropout``); None = no dropout.
+    """
+    x = jnp.concatenate([z, action], -1)
+    if key is None:
+        return jax.vmap(lambda p: mlp(p, x, "linear", config))(qs)
+    keys = jax.random.split(key, config.num_q)
+    return jax.vmap(lambda p, k: mlp(p, x, "linear", config, (k, config.dropout)))(qs, keys)
+
+
+def q_pair_value(
+    config: TDMPC2Config, qs: dict, z: Array, action: Array, pair: Array, key: Array | None, reduce: str
+) -> Array:
+    """Decoded values of the two members ``pair`` (2,) int32, combined by "min" or "avg": (...).
+
+    The whole ensemble is evaluated (as the reference does) and the pair picked after decoding.
+    """
+    values = decode(config, q_logits(config, qs, z, action, key))
+    a, b = values[pair[0]], values[pair[1]]
+    return jnp.minimum(a, b) if reduce == "min" else 0.5 * (a + b)
+
+
+def policy(config: TDMPC2Config, params: dict, z: Array, eps: Array) -> tuple[Array, Array, Array, Array]:
+    """The policy prior with injected noise ``eps`` ~ N(0, I) (``world_model.py:124-150``).
+
+    Returns (mu, pi, log_pi, log_std): tanh mean, tanh sample, the reference's "log-prob" (the
+    Gaussian residual scaled by A, then the tanh correction; §2.3) (...,), and the log-std (..., A).
+    """
+    return policy_head(config, mlp(params["pi"], z, "linear", config), eps)
+
+
+def policy_head(config: TDMPC2Config, out: Array, eps: Array) -> tuple[Array, Array, Array, Array]:
+    """:func:`policy` after its MLP: out (..., 2A) = [pre-tanh mean, raw log-std], eps (..., A)."""
+    mean, raw = jnp.split(out, 2, axis=-1)
+    log_std = config.log_std_min + 0.5 * (config.log_std_max - config.log_std_min) * (jnp.tanh(raw) + 1.0)
+    residual = jnp.sum(-0.5 * jnp.square(eps) - log_std, -1)
+    size = config.action_dim
+    log_pi = residual * size - 0.5 * math.log(2 * math.pi) * size
+    u = mean + eps * jnp.exp(log_std)
+    mu, pi = jnp.tanh(mean), jnp.tanh(u)
+    log_pi = log_pi - jnp.sum(jnp.log(jax.nn.relu(1.0 - jnp.square(pi)) + 1e-6), -1)
+    return mu, pi, log_pi, log_std
