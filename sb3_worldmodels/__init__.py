@@ -1,7 +1,17 @@
 """World-model reinforcement learning (DreamerV3, TD-MPC2) as drop-in Stable-Baselines3 algorithms."""
 
 from sb3_worldmodels.common.callbacks import WorldModelCallback
+from sb3_worldmodels.common.envs import ActionRepeat
 from sb3_worldmodels.dreamerv3 import DreamerV3, DreamerV3Config
+from sb3_worldmodels.tdmpc2 import TDMPC2, TDMPC2Config
 
 __version__ = "0.1.0"
-__all__ = ["DreamerV3", "DreamerV3Config", "WorldModelCallback", "__version__"]
+__all__ = [
+    "TDMPC2",
+    "ActionRepeat",
+    "DreamerV3",
+    "DreamerV3Config",
+    "TDMPC2Config",
+    "WorldModelCallback",
+    "__version__",
+]

@@ -35,7 +35,7 @@ from stable_baselines3.her.her_replay_buffer import HerReplayBuffer
 
 from sb3_worldmodels.common.boundary import ActionAdapter, ObservationAdapter
 from sb3_worldmodels.common.callbacks import WorldModelCallback
-from sb3_worldmodels.common.envs import vec_env_from_gymnasium
+from sb3_worldmodels.common.envs import ActionRepeat, vec_env_from_gymnasium
 from sb3_worldmodels.common.policy import JaxPolicy
 
 FORMAT_VERSION = 1
@@ -138,7 +138,14 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             env = vec_env_from_gymnasium(env)
         if isinstance(env, str):
             if _is_env_id(env) or env in gym.registry:
-                env = make_vec_env(env, n_envs=n_envs or self.default_n_envs, seed=seed)
+                repeat = int(getattr(self, "action_repeat", 1) or 1)
+                env = make_vec_env(
+                    env,
+                    n_envs=n_envs or self.default_n_envs,
+                    seed=seed,
+                    wrapper_class=ActionRepeat if repeat > 1 else None,
+                    wrapper_kwargs={"repeat": repeat} if repeat > 1 else None,
+                )
             else:
                 raise ValueError(f"{env!r} is neither a registered Gymnasium env id nor a policy name.")
         if isinstance(env, (gym.Env, VecEnv)):
@@ -431,6 +438,21 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             else:
                 observation = np.asarray(observation)[None]
         return self.obs_adapter.flatten(observation), vectorized
+
+    def _count_stateless_predict(self, state: Any, episode_start: Any, consequence: str) -> None:
+        """Warn once per model when ``predict`` is called a second time in a row with neither ``state``
+        nor ``episode_start`` (evaluate_policy passes ``episode_start`` from its first call on)."""
+        if state is not None or episode_start is not None:
+            self._stateless_predicts = 0
+            return
+        self._stateless_predicts += 1
+        if self._stateless_predicts == 2:
+            warnings.warn(
+                f"{type(self).__name__}.predict was called twice without `state`: the agent {consequence}. "
+                "Pass the returned state back, with `episode_start`, as for sb3-contrib's RecurrentPPO "
+                "(evaluate_policy does this).",
+                stacklevel=3,
+            )
 
     def _log_post_update(self, metrics: dict[str, float]) -> None:
         for cb in self._wm_callbacks:

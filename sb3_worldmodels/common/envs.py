@@ -41,3 +41,26 @@ def vec_env_from_gymnasium(env: gym.vector.VectorEnv) -> VecEnv:
         f"Cannot convert {type(env).__name__} to an SB3 VecEnv: pass the env id, a gymnasium.Env, an SB3 "
         "VecEnv, or a SyncVectorEnv/AsyncVectorEnv."
     )
+
+
+class ActionRepeat(gym.Wrapper):
+    """Repeat each action ``repeat`` times, summing the rewards; stop early when the episode ends.
+
+    One agent step is ``repeat`` simulator steps (the papers' DeepMind Control protocol uses 2). The
+    last inner step's observation, flags and info are returned.
+    """
+
+    def __init__(self, env: gym.Env, repeat: int) -> None:
+        super().__init__(env)
+        if int(repeat) < 1:
+            raise ValueError(f"action_repeat must be >= 1, got {repeat}.")
+        self.repeat = int(repeat)
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        total = 0.0
+        for _ in range(self.repeat):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            total += float(reward)
+            if terminated or truncated:
+                break
+        return obs, total, terminated, truncated, info

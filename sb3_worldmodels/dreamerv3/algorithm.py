@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -53,8 +52,9 @@ class DreamerV3(WorldModelAlgorithm):
 
     :param replay_capacity: rows kept over all envs (Table 4: 5e6); the replay is allocated by
         ``learn`` for at most the rows that the run can write (``replay_bytes_per_seed`` gives its size).
-    :param action_repeat: simulator steps per agent step, recorded for the frame counter
-        (``rollout/env_frames`` = rows * action_repeat); the env itself must repeat (see ActionRepeat).
+    :param action_repeat: simulator steps per agent step: an env built from an id is wrapped in
+        :class:`~sb3_worldmodels.common.envs.ActionRepeat`; a given env must repeat itself. The frame
+        counter ``rollout/env_frames`` is rows * action_repeat.
     """
 
     agent_name = "DreamerV3"
@@ -438,19 +438,13 @@ class DreamerV3(WorldModelAlgorithm):
         """
         obs, vectorized = self._predict_batch(observation)
         n = obs.shape[0]
+        self._count_stateless_predict(
+            state, episode_start, "is recurrent and forgets everything between such calls"
+        )
         if state is None:
-            self._stateless_predicts += 1
-            if self._stateless_predicts == 2:
-                warnings.warn(
-                    "DreamerV3.predict was called twice without `state`: the agent is recurrent and forgets "
-                    "everything between such calls. Pass the returned state back, with `episode_start`, "
-                    "as for sb3-contrib's RecurrentPPO (evaluate_policy does this).",
-                    stacklevel=2,
-                )
             carry = core.init_carry(self._config, n)
             starts = np.ones(n, bool)
         else:
-            self._stateless_predicts = 0
             carry = core.Carry(*(jnp.asarray(s) for s in state))
             if carry.deter.shape[0] != n:
                 raise ValueError(

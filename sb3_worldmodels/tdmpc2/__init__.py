@@ -1,5 +1,6 @@
-"""TD-MPC2 (nicklashansen/tdmpc2 @b67b21c): config, networks and the pure-JAX core."""
+"""TD-MPC2 (nicklashansen/tdmpc2 @b67b21c): config, networks, pure core, SB3 class."""
 
-from sb3_worldmodels.tdmpc2.config import TDMPC2Config
+from sb3_worldmodels.tdmpc2.algorithm import TDMPC2
+from sb3_worldmodels.tdmpc2.config import MODEL_SIZES, TDMPC2Config, preset
 
-__all__ = ["TDMPC2Config"]
+__all__ = ["MODEL_SIZES", "TDMPC2", "TDMPC2Config", "preset"]

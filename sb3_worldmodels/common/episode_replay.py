@@ -1,0 +1,189 @@
+"""Episode replay: TD-MPC2's whole-episode storage sampled in windows, as an SB3 ``ReplayBuffer``.
+
+An episode of L agent steps is stored as L + 1 *entries* (``tdmpc2/common/buffer.py @b67b21c``):
+entry 0 holds the reset observation, entry k ≥ 1 the observation after step k with the action and
+reward of step k (and its termination flag). Episodes enter the replay only when they end
+(``online_trainer.py:91``): the running episode of each env is kept apart and never sampled.
+
+A sampled item is a window of ``window`` = H + 1 consecutive entries of one stored episode:
+``obs`` (H+1, B, O) time-major, and the H actions, rewards and flags that connect them. An episode
+is drawn uniformly, then a start uniformly among its valid ones: 0 .. L − H − 1 in the reference
+(its crop never draws the window that ends on the final entry, spec §5), or 0 .. L − H with
+``include_last_window`` (the later SliceSampler, needed for terminations: spec §8.2). Episodes with
+no valid start are not stored.
+
+Entries live in one ring of ``capacity_entries`` slots, addressed by an absolute entry counter;
+the oldest episodes are evicted whole once the stored steps exceed ``capacity_steps``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
+
+from sb3_worldmodels.common.replay import FieldSpec, _normalize_fields
+
+
+class EpisodeReplay(ReplayBuffer):
+    """Finished episodes of every env, sampled as windows inside one episode (see the module docstring).
+
+    :param capacity_steps: most agent steps kept (the reference's ``min(buffer_size, steps)``).
+    :param n_envs: env streams whose running episodes are kept apart.
+    :param fields: ``name -> (shape, dtype)`` of one entry; must include "obs".
+    :param window: entries per sampled item (H + 1).
+    :param include_last_window: also draw the window that ends on an episode's final entry.
+    :param seed: seed of the buffer's own ``np.random.Generator`` (pickled with the buffer).
+    """
+
+    def __init__(
+        self,
+        capacity_steps: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        n_envs: int,
+        fields: Mapping[str, tuple[Any, Any]],
+        window: int,
+        include_last_window: bool,
+        seed: int,
+    ) -> None:
+        BaseBuffer.__init__(
+            self, capacity_steps, observation_space, action_space, device="cpu", n_envs=n_envs
+        )
+        if window < 2:
+            raise ValueError(f"window must be at least 2 entries, got {window}.")
+        self.fields: dict[str, FieldSpec] = _normalize_fields(fields)
+        if "obs" not in self.fields:
+            raise ValueError("EpisodeReplay needs an 'obs' field.")
+        self.window = int(window)
+        self.include_last_window = bool(include_last_window)
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.optimize_memory_usage = False
+        self.handle_timeout_termination = False
+        self.capacity_steps = 0
+        self._data: dict[str, np.ndarray] | None = None
+        self._slots = 0
+        self._end = 0  # absolute index one past the last stored entry
+        self._episodes: deque[tuple[int, int]] = deque()  # (absolute first entry, steps L), oldest first
+        self._stored_steps = 0
+        self._open: list[list[dict[str, np.ndarray]]] = [[] for _ in range(n_envs)]
+        self.reserve(capacity_steps)
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def min_steps(self) -> int:
+        """Shortest storable episode: one valid window start."""
+        return self.window - 1 if self.include_last_window else self.window
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self._episodes)
+
+    @property
+    def stored_steps(self) -> int:
+        return self._stored_steps
+
+    @property
+    def num_windows(self) -> int:
+        """Windows that can be sampled now."""
+        return int(sum(self._valid_starts(length) for _, length in self._episodes))
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self._data is None else int(sum(a.nbytes for a in self._data.values()))
+
+    def size(self) -> int:
+        return self._stored_steps
+
+    def _valid_starts(self, steps: int) -> int:
+        return max(0, steps + 1 - self.window + (1 if self.include_last_window else 0))
+
+    def reserve(self, capacity_steps: int) -> None:
+        """Raise the capacity to ``capacity_steps`` agent steps (never lowers it); the ring grows
+        lazily, keeping the stored entries in order."""
+        capacity_steps = int(capacity_steps)
+        if capacity_steps < self.min_steps:
+            raise ValueError(
+                f"A replay of {capacity_steps} steps cannot hold one episode of {self.min_steps} steps "
+                "(horizon + 1): train for more steps or raise buffer_size."
+            )
+        if capacity_steps <= self.capacity_steps:
+            return
+        self.capacity_steps = capacity_steps
+        self.buffer_size = capacity_steps
+        # Each stored episode has at least min_steps steps and one more entry than steps.
+        self._capacity_entries = capacity_steps + math.ceil(capacity_steps / self.min_steps) + 1
+        if self._data is not None:
+            self._resize(self._capacity_entries)
+
+    def _resize(self, slots: int) -> None:
+        first = self._episodes[0][0] if self._episodes else self._end
+        idx = np.arange(first, self._end) % max(self._slots, 1)
+        data = {}
+        for name, (shape, dtype) in self.fields.items():
+            arr = np.zeros((slots, *shape), dtype)
+            if self._data is not None and idx.size:
+                arr[(np.arange(first, self._end)) % slots] = self._data[name][idx]
+            data[name] = arr
+        self._data, self._slots = data, slots
+
+    # ------------------------------------------------------------------ adding
+    def add_entries(self, envs: np.ndarray, entries: Mapping[str, np.ndarray]) -> None:
+        """Append one entry to the running episode of each env in ``envs`` (k,); fields (k, ...)."""
+        for j, env in enumerate(np.asarray(envs)):
+            self._open[int(env)].append({name: np.array(entries[name][j]) for name in self.fields})
+
+    def end_episode(self, env: int) -> bool:
+        """Store the running episode of ``env`` (its entries so far) and start a new one.
+
+        Returns whether it was stored (an episode with no valid window is dropped)."""
+        entries, self._open[env] = self._open[env], []
+        steps = len(entries) - 1
+        if steps < self.min_steps:
+            return False
+        if steps > self.capacity_steps:
+            raise ValueError(
+                f"An episode of {steps} steps does not fit a replay of {self.capacity_steps} steps: "
+                "raise buffer_size or train for more steps."
+            )
+        if self._data is None:
+            self._resize(self._capacity_entries)
+        while self._stored_steps + steps > self.capacity_steps or (
+            self._episodes and self._end + steps + 1 - self._episodes[0][0] > self._slots
+        ):
+            _, old = self._episodes.popleft()
+            self._stored_steps -= old
+        idx = np.arange(self._end, self._end + steps + 1) % self._slots
+        for name in self.fields:
+            self._data[name][idx] = np.stack([e[name] for e in entries])
+        self._episodes.append((self._end, steps))
+        self._end += steps + 1
+        self._stored_steps += steps
+        return True
+
+    def discard_running(self) -> None:
+        """Forget every env's running episode (e.g. on a new ``learn`` with fresh envs)."""
+        self._open = [[] for _ in range(self.n_envs)]
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, batch_size: int, count: int | None = None, env: Any = None) -> dict[str, np.ndarray]:
+        """``count`` batches (or one, if None) of ``batch_size`` windows, time-major:
+        each field (count, window, B, ...) (or (window, B, ...))."""
+        if not self._episodes:
+            raise ValueError("The replay holds no finished episode with a full window yet.")
+        k = 1 if count is None else int(count)
+        firsts = np.fromiter((f for f, _ in self._episodes), np.int64, len(self._episodes))
+        starts_per = np.fromiter(
+            (self._valid_starts(s) for _, s in self._episodes), np.int64, len(self._episodes)
+        )
+        ep = self.rng.integers(0, len(firsts), size=(k, batch_size))
+        start = firsts[ep] + (self.rng.random((k, batch_size)) * starts_per[ep]).astype(np.int64)
+        idx = (start[:, None, :] + np.arange(self.window)[None, :, None]) % self._slots  # (k, W, B)
+        out = {name: arr[idx] for name, arr in self._data.items()}
+        return out if count is not None else {name: v[0] for name, v in out.items()}

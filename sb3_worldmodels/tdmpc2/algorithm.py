@@ -1,0 +1,428 @@
+"""TD-MPC2 as an SB3 algorithm (the numpy side; the math lives in :mod:`.agent`)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sb3_worldmodels.common.base import WorldModelAlgorithm
+from sb3_worldmodels.common.episode_replay import EpisodeReplay
+from sb3_worldmodels.tdmpc2 import agent as core
+from sb3_worldmodels.tdmpc2.config import TDMPC2Config, discount_from_episode_length, preset
+
+act_jit = jax.jit(core.act, static_argnames=("config", "eval_mode"))
+train_many_jit = jax.jit(core.train_many, static_argnames=("config",))
+
+_CONFIG_FIELDS = tuple(
+    f for f in TDMPC2Config.__dataclass_fields__ if f not in ("obs_dim", "action_dim", "lr")
+)
+
+
+class _RolloutState(NamedTuple):
+    prev_mean: jax.Array  # (n, H, A) each env's last plan mean (warm start)
+    first: np.ndarray  # (n,) bool: the env's next action is the first of its episode (t0)
+
+
+class TDMPC2(WorldModelAlgorithm):
+    """TD-MPC2 (nicklashansen/tdmpc2 @b67b21c) for flat observations and Box actions.
+
+    ``TDMPC2("Pendulum-v1")`` builds ``n_envs`` (1) Monitor-wrapped copies of the env (wrapped in
+    :class:`~sb3_worldmodels.common.envs.ActionRepeat` when ``action_repeat`` > 1);
+    ``TDMPC2("MlpPolicy", vec_env)`` keeps the VecEnv's own count. ``num_timesteps`` counts agent
+    steps (one per env per vector step).
+
+    Every hyperparameter has the name and default of :class:`TDMPC2Config`, where it is documented
+    with its source; ``model_size`` picks the preset (1, 5, 19, 48, 317; default 5) and ``enc_dim``,
+    ``mlp_dim``, ``latent_dim``, ``num_enc_layers``, ``num_q`` override it. ``learning_rate`` is a
+    float or an SB3 schedule (the encoder's rate is ``enc_lr_scale`` times it).
+
+    :param buffer_size: most agent steps kept; the replay holds at most the run's steps.
+    :param episode_length: the episode length in simulator steps, for the discount heuristic and
+        ``seed_steps`` (None: the env's ``max_episode_steps``, else 1000); the agent sees
+        ``episode_length // action_repeat`` steps per episode.
+    :param discount: None for the reference's heuristic from the episode length (§3.2).
+    :param seed_steps: agent steps of uniform random actions, after which that many updates run in a
+        row, then one per agent step (None: max(1000, 5 x episode length in agent steps)).
+    :param episodic: learn terminations (head, masked TD targets, planner masks; spec §8.2). Without
+        it an env that terminates is refused.
+    """
+
+    agent_name = "TD-MPC2"
+    allow_discrete = False
+    default_n_envs = 1
+
+    def __init__(
+        self,
+        policy: Any = "MlpPolicy",
+        env: Any = None,
+        n_envs: int | None = None,
+        model_size: int = 5,
+        enc_dim: int | None = None,
+        mlp_dim: int | None = None,
+        latent_dim: int | None = None,
+        num_enc_layers: int | None = None,
+        num_q: int | None = None,
+        simnorm_dim: int = 8,
+        dropout: float = 0.01,
+        q_dropout: str = "always",
+        num_bins: int = 101,
+        vmin: float = -10.0,
+        vmax: float = 10.0,
+        log_std_min: float = -10.0,
+        log_std_max: float = 2.0,
+        batch_size: int = 256,
+        reward_coef: float = 0.1,
+        value_coef: float = 0.1,
+        consistency_coef: float = 20.0,
+        rho: float = 0.5,
+        entropy_coef: float = 1e-4,
+        discount: float | None = None,
+        episodic: bool = False,
+        termination_coef: float = 1.0,
+        learning_rate: Any = 3e-4,
+        enc_lr_scale: float = 0.3,
+        grad_clip_norm: float = 20.0,
+        tau: float = 0.01,
+        stale_pi_grad_in_clip: bool = True,
+        horizon: int = 3,
+        iterations: int | None = None,
+        num_samples: int = 512,
+        num_elites: int = 64,
+        num_pi_trajs: int = 24,
+        min_std: float = 0.05,
+        max_std: float = 2.0,
+        temperature: float = 0.5,
+        buffer_size: int = 1_000_000,
+        seed_steps: int | None = None,
+        episode_length: int | None = None,
+        action_repeat: int = 1,
+        policy_kwargs: dict | None = None,
+        stats_window_size: int = 100,
+        tensorboard_log: str | None = None,
+        verbose: int = 0,
+        seed: int | None = None,
+        device: str = "auto",
+        _init_setup_model: bool = True,
+        **sb3_kwargs: Any,
+    ) -> None:
+        self.model_size = model_size
+        self.enc_dim, self.mlp_dim, self.latent_dim = enc_dim, mlp_dim, latent_dim
+        self.num_enc_layers, self.num_q, self.simnorm_dim = num_enc_layers, num_q, simnorm_dim
+        self.dropout, self.q_dropout = dropout, q_dropout
+        self.num_bins, self.vmin, self.vmax = num_bins, vmin, vmax
+        self.log_std_min, self.log_std_max = log_std_min, log_std_max
+        self.reward_coef, self.value_coef, self.consistency_coef = reward_coef, value_coef, consistency_coef
+        self.rho, self.entropy_coef, self.discount = rho, entropy_coef, discount
+        self.episodic, self.termination_coef = episodic, termination_coef
+        self.enc_lr_scale, self.grad_clip_norm, self.tau = enc_lr_scale, grad_clip_norm, tau
+        self.stale_pi_grad_in_clip = stale_pi_grad_in_clip
+        self.horizon, self.iterations, self.num_samples = horizon, iterations, num_samples
+        self.num_elites, self.num_pi_trajs = num_elites, num_pi_trajs
+        self.min_std, self.max_std, self.temperature = min_std, max_std, temperature
+        self.seed_steps, self.episode_length, self.action_repeat = seed_steps, episode_length, action_repeat
+        super().__init__(
+            policy=policy,
+            env=env,
+            learning_rate=learning_rate,
+            buffer_size=buffer_size,
+            learning_starts=0,
+            batch_size=batch_size,
+            n_envs=n_envs,
+            policy_kwargs=policy_kwargs,
+            stats_window_size=stats_window_size,
+            tensorboard_log=tensorboard_log,
+            verbose=verbose,
+            seed=seed,
+            device=device,
+            _init_setup_model=_init_setup_model,
+            **sb3_kwargs,
+        )
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def agent_episode_length(self) -> int:
+        """Agent steps per episode (simulator steps // action_repeat)."""
+        length = self.episode_length
+        if length is None:
+            spec = None
+            if self.env is not None:
+                spec = self.env.get_attr("spec", [0])[0]
+            length = getattr(spec, "max_episode_steps", None) or 1000
+        return max(1, int(length) // max(1, int(self.action_repeat)))
+
+    def _resolve_env_defaults(self) -> None:
+        """Fix the env-derived defaults once (they are then saved with the model): the discount from
+        the episode length (§3.2), seed_steps = max(1000, 5 T) and 6 MPPI iterations (+2 when A >= 20)."""
+        length = self.agent_episode_length
+        if self.discount is None:
+            self.discount = discount_from_episode_length(length)
+        if self.seed_steps is None:
+            self.seed_steps = max(1000, 5 * length)
+        if self.iterations is None:
+            self.iterations = TDMPC2Config.iterations + (2 if self.action_adapter.dim >= 20 else 0)
+
+    @property
+    def config(self) -> TDMPC2Config:
+        """The static configuration (from the attributes, so load/zoo overrides apply)."""
+        fields = {f: getattr(self, f) for f in _CONFIG_FIELDS if hasattr(self, f)}
+        return preset(
+            self.model_size,
+            obs_dim=self.obs_adapter.dim,
+            action_dim=self.action_adapter.dim,
+            lr=float(self.lr_schedule(1.0)),
+            **fields,
+        )
+
+    @property
+    def resolved_seed_steps(self) -> int:
+        return int(self.seed_steps)
+
+    def _build_state(self) -> dict[str, Any]:
+        self._resolve_env_defaults()
+        self._config = self.config
+        key = jax.random.PRNGKey(0 if self.seed is None else int(self.seed))
+        agent_key, act_key, predict_key = jax.random.split(key, 3)
+        return {
+            "agent": core.init_state(self._config, agent_key),
+            "act_key": act_key,
+            "predict_key": predict_key,
+        }
+
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "_config"]
+
+    def _setup_model(self) -> None:
+        super()._setup_model()
+        self._config = self.config
+        if not hasattr(self, "_owed_updates"):
+            self._owed_updates = 0
+
+    @property
+    def replay_bytes_per_seed(self) -> int:
+        """Bytes held by the allocated replay (0 before the first finished episode)."""
+        return 0 if self.replay_buffer is None else int(self.replay_buffer.nbytes)
+
+    def _replay_fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        cfg = self._config
+        return {
+            "obs": ((cfg.obs_dim,), np.dtype(np.float32)),
+            "action": ((cfg.action_dim,), np.dtype(np.float32)),
+            "reward": ((), np.dtype(np.float32)),
+            "terminated": ((), np.dtype(np.float32)),
+        }
+
+    def _check_replay_buffer(self, buffer: Any) -> None:
+        if not isinstance(buffer, EpisodeReplay):
+            raise ValueError("This replay buffer was not written by TD-MPC2 (expected an EpisodeReplay).")
+        if (
+            buffer.fields != self._replay_fields()
+            or buffer.n_envs != self.n_envs
+            or buffer.window != self._config.horizon + 1
+        ):
+            raise ValueError(
+                "This replay buffer does not fit the model: it was saved with other spaces, horizon or "
+                f"n_envs (buffer n_envs={buffer.n_envs}, model n_envs={self.n_envs})."
+            )
+
+    def _setup_learn(
+        self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run", progress_bar=False
+    ):
+        last_obs = self._last_obs
+        total, callback = super()._setup_learn(
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+        )
+        if self._last_obs is not last_obs:  # the envs were reset: every env starts a new episode
+            self._rollout = None
+        capacity = max(min(int(self.buffer_size), int(total)), self._config.horizon + 1)
+        if self.replay_buffer is None:
+            self.replay_buffer = EpisodeReplay(
+                capacity,
+                self.observation_space,
+                self.action_space,
+                n_envs=self.n_envs,
+                fields=self._replay_fields(),
+                window=self._config.horizon + 1,
+                include_last_window=self._config.episodic,
+                seed=0 if self.seed is None else int(self.seed),
+            )
+        else:
+            self.replay_buffer.reserve(capacity)
+        if reset_num_timesteps:
+            self._owed_updates = 0
+        return total, callback
+
+    # ------------------------------------------------------------------ collection
+    def _collect_act(self, last_obs: Any, learning_starts: int) -> np.ndarray:
+        cfg = self._config
+        obs = self.obs_adapter.flatten(last_obs)
+        n = self.n_envs
+        if self._rollout is None:  # fresh observations after a reset: every env starts an episode
+            self.replay_buffer.discard_running()
+            self._start_episodes(np.arange(n), obs)
+            self._rollout = _RolloutState(
+                jnp.zeros((n, cfg.horizon, cfg.action_dim), jnp.float32), np.ones(n, bool)
+            )
+        state = self.policy.state
+        act_key, step_key = jax.random.split(state["act_key"])
+        self.policy.state = {**state, "act_key": act_key}
+        if self.num_timesteps > self.resolved_seed_steps:
+            action, mean = act_jit(
+                cfg,
+                state["agent"].params,
+                jnp.asarray(obs),
+                self._rollout.prev_mean,
+                jnp.asarray(self._rollout.first),
+                step_key,
+                eval_mode=False,
+            )
+            self._rollout = self._rollout._replace(prev_mean=mean)
+            action = np.asarray(action)
+        else:
+            action = np.asarray(core.random_actions(step_key, n, cfg.action_dim))
+        self._current_action = action
+        return action
+
+    def _start_episodes(self, envs: np.ndarray, obs: np.ndarray) -> None:
+        k = len(envs)
+        cfg = self._config
+        self.replay_buffer.add_entries(
+            envs,
+            {
+                "obs": obs[envs] if obs.shape[0] != k else obs,
+                "action": np.zeros((k, cfg.action_dim), np.float32),
+                "reward": np.zeros(k, np.float32),
+                "terminated": np.zeros(k, np.float32),
+            },
+        )
+
+    def _collect_observe(
+        self, new_obs: Any, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+    ) -> None:
+        n = self.n_envs
+        obs = self.obs_adapter.flatten(new_obs)
+        dones = np.asarray(dones, bool)
+        truncated = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
+        terminated = dones & ~truncated
+        if terminated.any() and not self._config.episodic:
+            raise ValueError(
+                "The env terminated an episode (done without TimeLimit.truncated), but TD-MPC2 as in its "
+                "paper's code only handles episodes that end by a time limit. Pass episodic=True to learn "
+                "terminations (termination head, masked TD targets and planner masks of the later code)."
+            )
+        reached = obs.copy()
+        for i in np.flatnonzero(dones):
+            reached[i] = self.obs_adapter.flatten(_batched(infos[i]["terminal_observation"]))[0]
+        self.replay_buffer.add_entries(
+            np.arange(n),
+            {
+                "obs": reached,
+                "action": self._current_action.astype(np.float32),
+                "reward": np.asarray(rewards, np.float32),
+                "terminated": terminated.astype(np.float32),
+            },
+        )
+        for i in np.flatnonzero(dones):
+            self.replay_buffer.end_episode(int(i))
+        if dones.any():
+            self._start_episodes(np.flatnonzero(dones), obs)
+        self._rollout = self._rollout._replace(first=dones.copy())
+        # The reference's schedule, per agent step s (0-based): seed_steps updates at s == seed_steps,
+        # then one per step.
+        seed_steps = self.resolved_seed_steps
+        before = self.num_timesteps - n
+        for s in range(before, self.num_timesteps):
+            if s == seed_steps:
+                self._owed_updates += seed_steps
+            elif s > seed_steps:
+                self._owed_updates += 1
+
+    # ------------------------------------------------------------------ training
+    def train(self, gradient_steps: int, batch_size: int = 256) -> None:
+        """Run the updates the schedule owes (``gradient_steps`` from SB3 is ignored)."""
+        owed = self._owed_updates
+        if owed <= 0 or self.replay_buffer.num_episodes == 0:
+            return
+        self._owed_updates = 0
+        if self._n_updates == 0:
+            for cb in self._wm_callbacks:
+                cb.on_pretrain()
+        per_call = self.n_envs
+        chunks = [per_call] * (owed // per_call) + [1] * (owed % per_call)
+        lr = self.current_learning_rate
+        state = self.policy.state
+        agent_state = state["agent"]._replace(lr=jnp.asarray(lr, jnp.float32))
+        all_metrics = []
+        cfg = self._config
+        for k in chunks:
+            batch = self.replay_buffer.sample(cfg.batch_size, count=k)
+            batch = {
+                "obs": jnp.asarray(batch["obs"]),
+                "action": jnp.asarray(batch["action"][:, 1:]),
+                "reward": jnp.asarray(batch["reward"][:, 1:]),
+                "terminated": jnp.asarray(batch["terminated"][:, 1:]),
+            }
+            agent_state, metrics = train_many_jit(cfg, agent_state, batch)
+            all_metrics.append(jax.device_get(metrics))
+        self.policy.state = {**state, "agent": agent_state}
+        self._n_updates += owed
+        stacked = {key: np.concatenate([m[key] for m in all_metrics]) for key in all_metrics[0]}
+        for i in range(owed if self._wm_callbacks else 0):
+            self._log_post_update({f"train/{key}": float(v[i]) for key, v in stacked.items()})
+        for key, values in stacked.items():
+            self.logger.record(f"train/{key}", float(np.mean(values)))
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/learning_rate", lr)
+        self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)
+        self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)
+
+    # ------------------------------------------------------------------ predict
+    def predict(
+        self,
+        observation: Any,
+        state: tuple[np.ndarray, ...] | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = False,
+    ):
+        """RecurrentPPO's protocol with ``state`` = (plan mean (n, H, A),): each env's previous plan,
+        the warm start of the next; rows where ``episode_start`` is true (or all, when ``state`` is
+        None) plan from scratch. ``deterministic=True`` is the reference's eval mode (no exploration
+        noise on the chosen action; the planner's own sampling stays). Uses its own RNG stream."""
+        obs, vectorized = self._predict_batch(observation)
+        n = obs.shape[0]
+        cfg = self._config
+        self._count_stateless_predict(state, episode_start, "loses its plan (the warm start of the next one)")
+        if state is None:
+            prev = jnp.zeros((n, cfg.horizon, cfg.action_dim), jnp.float32)
+            first = np.ones(n, bool)
+        else:
+            prev = jnp.asarray(state[0], jnp.float32)
+            if prev.shape != (n, cfg.horizon, cfg.action_dim):
+                raise ValueError(
+                    f"state[0] has shape {tuple(prev.shape)}, expected {(n, cfg.horizon, cfg.action_dim)} "
+                    "(one plan per observation)."
+                )
+            first = np.zeros(n, bool) if episode_start is None else np.asarray(episode_start, bool).reshape(n)
+        key = jax.random.fold_in(self.policy.state["predict_key"], self._predict_calls)
+        self._predict_calls += 1
+        action, mean = act_jit(
+            cfg,
+            self.policy.state["agent"].params,
+            jnp.asarray(obs),
+            prev,
+            jnp.asarray(first),
+            key,
+            eval_mode=bool(deterministic),
+        )
+        env_action = self.action_adapter.to_env(np.asarray(action))
+        if not vectorized:
+            env_action = env_action[0]
+        return env_action, (np.asarray(mean),)
+
+
+def _batched(observation: Any) -> Any:
+    if isinstance(observation, dict):
+        return {k: np.asarray(v)[None] for k, v in observation.items()}
+    return np.asarray(observation)[None]

@@ -1,0 +1,174 @@
+"""TD-MPC2 through the SB3 surface, its schedule, its planner and a probe with a known answer."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
+
+from sb3_worldmodels import TDMPC2
+from sb3_worldmodels.common.boundary import UnsupportedSpaceError
+from sb3_worldmodels.tdmpc2 import agent as core
+from sb3_worldmodels.tdmpc2.config import preset
+from tests.probe_envs import BanditEnv, ChainEnv, NaNEnv
+
+# One tiny configuration for the module, so the jitted functions compile once per env shape.
+TINY = dict(
+    model_size=1,
+    enc_dim=16,
+    mlp_dim=32,
+    latent_dim=16,
+    num_q=2,
+    batch_size=16,
+    num_samples=32,
+    num_elites=4,
+    num_pi_trajs=4,
+    iterations=2,
+    seed_steps=30,
+    seed=0,
+)
+
+
+def tiny(env, **kwargs):
+    return TDMPC2(env, **{**TINY, **kwargs})
+
+
+def chain_vec(n=1, length=10, **kwargs):
+    return make_vec_env(lambda: ChainEnv(length=length, **kwargs), n_envs=n)
+
+
+def leaves(model):
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(model.policy.state)]
+
+
+def test_construction_forms_and_defaults():
+    model = TDMPC2("Pendulum-v1", model_size=1)
+    assert isinstance(model, BaseAlgorithm) and model.n_envs == 1
+    assert model.discount == pytest.approx(0.975)  # T = 200: (40 - 1) / 40
+    assert model.seed_steps == 1000 and model._config.iterations == 6
+    assert model._config.num_q == 2 and model._config.latent_dim == 128
+    assert TDMPC2("MlpPolicy", chain_vec(2), **TINY).n_envs == 2
+    assert TDMPC2(policy="MlpPolicy", env=gym.make("Pendulum-v1"), model_size=1).n_envs == 1
+    big = TDMPC2("Pendulum-v1", model_size=1, episode_length=1000, action_repeat=2)
+    assert big.discount == pytest.approx(0.99) and big.seed_steps == 2500
+
+
+def test_discrete_actions_and_terminations_are_refused_with_the_fix():
+    with pytest.raises(UnsupportedSpaceError, match="DreamerV3"):
+        TDMPC2("CartPole-v1")
+    model = tiny(make_vec_env(lambda: BanditEnv(discrete=False), n_envs=1))
+    with pytest.raises(ValueError, match="episodic=True"):
+        model.learn(5)
+    with pytest.raises(ValueError, match="NaN"):
+        tiny(make_vec_env(lambda: NaNEnv(), n_envs=1)).learn(20)
+
+
+def test_schedule_counts_seed_updates_then_one_per_step():
+    model = tiny(chain_vec(1, length=10))
+    model.learn(50)
+    # Steps s = 0..49: seed_steps (30) updates at s = 30, then one per step for s = 31..49.
+    assert model._n_updates == 30 + 19
+    assert model.replay_buffer.num_episodes == 5 and model.replay_buffer.stored_steps == 50
+    two = tiny(chain_vec(2, length=10))
+    two.learn(50)  # 25 vector steps of 2 agent steps
+    assert two._n_updates == 30 + 19
+
+
+def test_replay_windows_follow_the_episodes():
+    model = tiny(chain_vec(1, length=10))
+    model.learn(40)
+    batch = model.replay_buffer.sample(256)
+    t = batch["obs"][..., 0] * 10  # ChainEnv obs[0] = t / length
+    assert np.allclose(np.diff(t, axis=0), 1.0, atol=1e-5)
+    assert t[0].min() >= 0 and t[-1].max() <= 9 + 1e-5  # the reference never draws the last window
+    actions = batch["action"][1:]
+    rewards = batch["reward"][1:]
+    target = 0.5 / 2.0  # ChainEnv target in agent units ([-2, 2] -> [-1, 1])
+    np.testing.assert_allclose(rewards, -((actions[..., 0] * 2.0 - 0.5) ** 2), atol=1e-5)
+    assert target == 0.25
+
+
+def test_predict_save_load_and_evaluate(tmp_path):
+    model = tiny(chain_vec(1, length=10))
+    model.learn(40)
+    obs = model.env.reset()
+    action, state = model.predict(obs, deterministic=True)
+    assert action.shape == (1, 1) and state[0].shape == (1, 3, 1)
+    model.save(tmp_path / "td")
+    loaded = TDMPC2.load(tmp_path / "td.zip", env=chain_vec(1, length=10))
+    assert loaded.discount == model.discount and loaded.seed_steps == model.seed_steps
+    for a, b in zip(leaves(model), leaves(loaded), strict=True):
+        np.testing.assert_array_equal(a, b)
+    again, _ = loaded.predict(obs, deterministic=True)
+    first, _ = TDMPC2.load(tmp_path / "td.zip").predict(obs, deterministic=True)
+    np.testing.assert_array_equal(again, first)  # same predict stream from the same checkpoint
+    mean, _ = evaluate_policy(loaded, loaded.env, n_eval_episodes=2)
+    assert np.isfinite(mean)
+    single, single_state = loaded.predict(obs[0], state=None)
+    assert np.shape(single) == (1,) and single_state[0].shape == (1, 3, 1)
+
+
+def test_split_run_equals_whole_run(tmp_path):
+    whole = tiny(chain_vec(1, length=10))
+    whole.learn(60)
+
+    first = tiny(chain_vec(1, length=10))
+    first.learn(30)
+    first.save(tmp_path / "half.zip")
+    first.save_replay_buffer(tmp_path / "half.pkl")
+    second = TDMPC2.load(tmp_path / "half.zip", env=chain_vec(1, length=10))
+    second.load_replay_buffer(tmp_path / "half.pkl")
+    second.learn(30, reset_num_timesteps=False)
+    assert second.num_timesteps == whole.num_timesteps and second._n_updates == whole._n_updates
+    for a, b in zip(leaves(whole), leaves(second), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_no_recompilation_across_steps():
+    model = tiny(chain_vec(1, length=10))
+    model.learn(40)
+    from sb3_worldmodels.tdmpc2 import algorithm
+
+    sizes = (algorithm.act_jit._cache_size(), algorithm.train_many_jit._cache_size())
+    model.learn(20, reset_num_timesteps=False)
+    assert (algorithm.act_jit._cache_size(), algorithm.train_many_jit._cache_size()) == sizes
+
+
+def test_planner_finds_the_optimum_of_a_quadratic(monkeypatch):
+    """With the value replaced by -Σ_t |a_t - target|², MPPI's mean converges to the target."""
+    config = preset(1, obs_dim=2, action_dim=2, enc_dim=8, mlp_dim=8, latent_dim=8, iterations=6)
+    target = jnp.array([0.3, -0.6])
+
+    def quadratic(config, params, z, actions, *args):
+        return -jnp.sum(jnp.square(actions - target), axis=(0, 2))
+
+    monkeypatch.setattr(core, "estimate_value", quadratic)
+    params, _ = core.N.init_params(config, jax.random.PRNGKey(0))
+    z = jnp.zeros(config.latent_dim)
+    noise = core.sample_plan_noise(config, jax.random.PRNGKey(1), config.iterations)
+    action, mean, it = core.plan_with_noise(
+        config, params, z, jnp.zeros((3, 2)), jnp.asarray(True), jnp.asarray(True), noise
+    )
+    np.testing.assert_allclose(mean, jnp.broadcast_to(target, (3, 2)), atol=0.05)
+    np.testing.assert_allclose(action, target, atol=0.1)
+    errors = [float(jnp.max(jnp.abs(m - target))) for m in it["mean_after"]]
+    assert errors[-1] < errors[0]
+
+
+def test_probe_learns_the_rewarding_action():
+    """ChainEnv pays -(a - 0.5)^2 every step: the deterministic plan must approach a = 0.5."""
+    model = tiny(chain_vec(1, length=10), learning_rate=3e-3, seed_steps=100, batch_size=32)
+    model.learn(300)
+    obs = model.env.reset()
+    actions = []
+    state = None
+    for _ in range(10):
+        action, state = model.predict(obs, state=state, deterministic=True)
+        actions.append(float(action[0, 0]))
+        obs, _, _, _ = model.env.step(action)
+    assert abs(np.mean(actions) - 0.5) < 0.25, actions
