@@ -58,6 +58,7 @@ from sb3_worldmodels.blocks.normalizers import (
     percentile_norm_update,
 )
 from sb3_worldmodels.blocks.optim import laprop, with_learning_rate
+from sb3_worldmodels.common.xla import COMPILER_OPTIONS
 from sb3_worldmodels.dreamerv3 import networks as N
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config
 from sb3_worldmodels.dreamerv3.networks import (
@@ -845,12 +846,6 @@ def train_many(
     state, (metrics, latents) = jax.lax.scan(body, state, batches)
     return state, metrics, latents
 
-
-COMPILER_OPTIONS = {"xla_backend_optimization_level": 1, "xla_cpu_experimental_ynn_fusion_type": ""}
-"""XLA options of the jitted functions below (CPU only; other backends ignore them). LLVM's level 1
-instead of the default halves the compile time of the update on CPU, which dominates a short run, at
-no measured cost in step time. Without YNNPACK fusions the dots run on XLA's own (multi-threaded)
-kernels: the "1m" update is about 10% faster on a 2-core machine (benchmarks/profile_update.py)."""
 
 policy_step_jit = jax.jit(
     policy_step, static_argnames=("config", "deterministic"), compiler_options=COMPILER_OPTIONS

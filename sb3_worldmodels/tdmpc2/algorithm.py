@@ -10,11 +10,12 @@ import numpy as np
 
 from sb3_worldmodels.common.base import WorldModelAlgorithm
 from sb3_worldmodels.common.episode_replay import EpisodeReplay
+from sb3_worldmodels.common.xla import COMPILER_OPTIONS
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2.config import TDMPC2Config, discount_from_episode_length, preset
 
-act_jit = jax.jit(core.act, static_argnames=("config", "eval_mode"))
-train_many_jit = jax.jit(core.train_many, static_argnames=("config",))
+act_jit = jax.jit(core.act, static_argnames=("config", "eval_mode"), compiler_options=COMPILER_OPTIONS)
+train_many_jit = jax.jit(core.train_many, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
 
 _CONFIG_FIELDS = tuple(
     f for f in TDMPC2Config.__dataclass_fields__ if f not in ("obs_dim", "action_dim", "lr")
