@@ -423,3 +423,37 @@ def test_episodic_plan_masks_terminated_candidates():
     close(it["values"], io[p + "iter_values"][..., 0], rtol=1e-4, atol=1e-3)
     close(mean, io["prev_mean_after"], atol=1e-5)
     close(action, io["action"], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("obs_dim", "action_dim", "total", "q_total"),
+    [(24, 6, 4_960_618, 2_911_225), (223, 38, 5_159_082, 2_993_145)],  # spec §1.2: 4.96M/2.91M, 5.16M/2.99M
+)
+def test_parameter_counts_of_the_default_size(obs_dim, action_dim, total, q_total):
+    config = preset(5, obs_dim=obs_dim, action_dim=action_dim)
+    params, target = jax.eval_shape(
+        lambda k: N.init_params(config, k), jax.ShapeDtypeStruct((2,), jnp.uint32)
+    )
+    count = lambda tree: sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tree))  # noqa: E731
+    assert count(params) == total and count(params["qs"]) == q_total and count(target) == q_total
+    assert round(total / 1e6, 2) == (4.96 if obs_dim == 24 else 5.16)
+
+
+def test_model_size_presets():
+    for size, (enc, mlp, latent, layers, k) in {
+        1: (256, 384, 128, 2, 2),
+        5: (256, 512, 512, 2, 5),
+        19: (1024, 1024, 768, 3, 5),
+        48: (1792, 1792, 768, 4, 5),
+        317: (4096, 4096, 1376, 5, 8),
+    }.items():
+        c = preset(size)
+        assert (c.enc_dim, c.mlp_dim, c.latent_dim, c.num_enc_layers, c.num_q) == (
+            enc,
+            mlp,
+            latent,
+            layers,
+            k,
+        )
+    with pytest.raises(ValueError, match="model_size"):
+        preset(3)

@@ -187,10 +187,18 @@ def q_pair_value(
 ) -> Array:
     """Decoded values of the two members ``pair`` (2,) int32, combined by "min" or "avg": (...).
 
-    The whole ensemble is evaluated (as the reference does) and the pair picked after decoding.
+    Only the two members are evaluated (the reference evaluates all K, then picks two: the same
+    values, and at K = 5 less than half the work; docs/deviations.md T11).
     """
-    values = decode(config, q_logits(config, qs, z, action, key))
-    a, b = values[pair[0]], values[pair[1]]
+    members = jax.tree_util.tree_map(lambda x: x[pair], qs)
+    x = jnp.concatenate([z, action], -1)
+    if key is None:
+        logits = jax.vmap(lambda p: mlp(p, x, "linear", config))(members)
+    else:
+        keys = jax.random.split(key, 2)
+        logits = jax.vmap(lambda p, k: mlp(p, x, "linear", config, (k, config.dropout)))(members, keys)
+    values = decode(config, logits)
+    a, b = values[0], values[1]
     return jnp.minimum(a, b) if reduce == "min" else 0.5 * (a + b)
 
 

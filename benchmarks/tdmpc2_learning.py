@@ -1,0 +1,129 @@
+"""TD-MPC2 learning checks (CPU).
+
+    python benchmarks/tdmpc2_learning.py --task pendulum --seed 0      # Pendulum-v1, size 1, 6,000 steps
+    python benchmarks/tdmpc2_learning.py --task cartpole-balance --seed 0
+        # dm_control cartpole-balance, size 1, action repeat 2, 10,000 agent steps
+
+Acceptance (written before any run): Pendulum-v1, final evaluation (10 episodes, deterministic) >= -300
+(seed library: -143 and -124); cartpole-balance, final evaluation >= 800 (seed library: 810 and 854).
+An evaluation of 10 deterministic episodes runs every 1,000 agent steps. Writes the curve to
+benchmarks/results/tdmpc2_<task>_seed<seed>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
+
+from sb3_worldmodels import TDMPC2, ActionRepeat
+
+TASKS = {
+    "pendulum": dict(env="Pendulum-v1", steps=6_000, threshold=-300.0, action_repeat=1, episode_length=None),
+    "cartpole-balance": dict(
+        env="dm_control/cartpole-balance-v0",
+        steps=10_000,
+        threshold=800.0,
+        action_repeat=2,
+        episode_length=1000,
+    ),
+}
+
+
+class EvalEvery(BaseCallback):
+    """Evaluates every ``every`` agent steps on fresh episodes (deterministic: the reference's eval mode)."""
+
+    def __init__(self, make_env, every: int, episodes: int) -> None:
+        super().__init__()
+        self.env = make_env()
+        self.every, self.episodes = every, episodes
+        self.next_at = every
+        self.curve: list[dict] = []
+        self.start = time.time()
+
+    def evaluate(self) -> None:
+        rewards, _ = evaluate_policy(
+            self.model,
+            self.env,
+            n_eval_episodes=self.episodes,
+            deterministic=True,
+            return_episode_rewards=True,
+        )
+        point = {
+            "steps": self.num_timesteps,
+            "eval_mean": float(np.mean(rewards)),
+            "updates": self.model._n_updates,
+            "seconds": round(time.time() - self.start, 1),
+        }
+        self.curve.append(point)
+        print(json.dumps(point), flush=True)
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps >= self.next_at:
+            self.next_at += self.every
+            self.evaluate()
+        return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--task", choices=TASKS, default="pendulum")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--model-size", type=int, default=1)
+    args = parser.parse_args()
+    task = TASKS[args.task]
+    steps = args.steps or task["steps"]
+    repeat = task["action_repeat"]
+
+    def make_env(seed: int = 0):
+        if task["env"].startswith("dm_control/"):
+            import shimmy  # noqa: F401  (registers dm_control ids)
+        wrapper = {"wrapper_class": ActionRepeat, "wrapper_kwargs": {"repeat": repeat}} if repeat > 1 else {}
+        return make_vec_env(task["env"], n_envs=1, seed=seed, **wrapper)
+
+    model = TDMPC2(
+        "MlpPolicy",
+        make_env(args.seed),
+        model_size=args.model_size,
+        action_repeat=repeat,
+        episode_length=task["episode_length"],
+        seed=args.seed,
+    )
+    callback = EvalEvery(lambda: make_env(10_000 + args.seed), 1_000, 10)
+    start = time.time()
+    model.learn(steps, callback=callback)
+    if not callback.curve or callback.curve[-1]["steps"] < model.num_timesteps:
+        callback.evaluate()
+    score = callback.curve[-1]["eval_mean"]
+    result = {
+        "task": args.task,
+        "seed": args.seed,
+        "steps": model.num_timesteps,
+        "updates": model._n_updates,
+        "wall_seconds": round(time.time() - start, 1),
+        "score": score,
+        "threshold": task["threshold"],
+        "passed": score >= task["threshold"],
+        "settings": {"model_size": args.model_size, "action_repeat": repeat, "seed_steps": model.seed_steps},
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
+        "date": time.strftime("%Y-%m-%d"),
+        "curve": callback.curve,
+    }
+    out = Path(__file__).parent / "results" / f"tdmpc2_{args.task}_seed{args.seed}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
+
+
+if __name__ == "__main__":
+    main()
