@@ -76,6 +76,23 @@ def symexp_bins(num_bins: int = 255) -> np.ndarray:
     return np.concatenate([half, -half[:-1][::-1]])
 
 
+def _twohot_pair(x: ArrayLike, bins: ArrayLike) -> tuple[Array, Array, Array, Array]:
+    """The two bins of :func:`twohot_encode` and their weights: (below, above) int32 and
+    (weight_below, weight_above) float32, each (...)."""
+    x = jnp.asarray(x, jnp.float32)
+    bins = jnp.asarray(bins, jnp.float32)
+    n = bins.shape[-1]
+    # count(bins <= x) by binary search: the same integers as summing the comparisons over all bins.
+    count = jnp.searchsorted(bins, x, side="right").astype(jnp.int32)
+    below = jnp.clip(count - 1, 0, n - 1)
+    above = jnp.clip(count, 0, n - 1)
+    same = below == above
+    dist_below = jnp.where(same, 1.0, jnp.abs(bins[below] - x))
+    dist_above = jnp.where(same, 1.0, jnp.abs(bins[above] - x))
+    total = dist_below + dist_above
+    return below, above, dist_above / total, dist_below / total
+
+
 def twohot_encode(x: ArrayLike, bins: ArrayLike) -> Array:
     """Two-hot target weights of scalars ``x`` against increasing ``bins`` (raw units).
 
@@ -90,19 +107,8 @@ def twohot_encode(x: ArrayLike, bins: ArrayLike) -> Array:
     Returns:
         (..., n) float32 weights, each row summing to 1.
     """
-    x = jnp.asarray(x, jnp.float32)
-    bins = jnp.asarray(bins, jnp.float32)
-    n = bins.shape[-1]
-    below = jnp.sum(bins <= x[..., None], axis=-1, dtype=jnp.int32) - 1
-    above = n - jnp.sum(bins > x[..., None], axis=-1, dtype=jnp.int32)
-    below = jnp.clip(below, 0, n - 1)
-    above = jnp.clip(above, 0, n - 1)
-    same = below == above
-    dist_below = jnp.where(same, 1.0, jnp.abs(bins[below] - x))
-    dist_above = jnp.where(same, 1.0, jnp.abs(bins[above] - x))
-    total = dist_below + dist_above
-    weight_below = dist_above / total
-    weight_above = dist_below / total
+    below, above, weight_below, weight_above = _twohot_pair(x, bins)
+    n = jnp.shape(bins)[-1]
     return (
         jax.nn.one_hot(below, n, dtype=jnp.float32) * weight_below[..., None]
         + jax.nn.one_hot(above, n, dtype=jnp.float32) * weight_above[..., None]
@@ -112,7 +118,8 @@ def twohot_encode(x: ArrayLike, bins: ArrayLike) -> Array:
 def twohot_log_prob(logits: ArrayLike, x: ArrayLike, bins: ArrayLike) -> Array:
     """Σ_i twohot(x)_i · log_softmax(logits)_i, the log-likelihood of ``x``.
 
-    No stop-gradient is applied to ``x``; callers pass ``sg(target)``.
+    Only the two bins with weight are read (the other terms of the sum are exact zeros), so no
+    (..., n) target is built. No stop-gradient is applied to ``x``; callers pass ``sg(target)``.
 
     Args:
         logits: (..., n) float32.
@@ -122,9 +129,11 @@ def twohot_log_prob(logits: ArrayLike, x: ArrayLike, bins: ArrayLike) -> Array:
     Returns:
         (...) float32.
     """
-    logits = jnp.asarray(logits, jnp.float32)
-    target = twohot_encode(x, bins)
-    return jnp.sum(target * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+    logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+    below, above, weight_below, weight_above = _twohot_pair(x, bins)
+    lp_below = jnp.take_along_axis(logp, below[..., None], axis=-1)[..., 0]
+    lp_above = jnp.take_along_axis(logp, above[..., None], axis=-1)[..., 0]
+    return weight_below * lp_below + weight_above * lp_above
 
 
 def twohot_mean(logits: ArrayLike, bins: ArrayLike) -> Array:
