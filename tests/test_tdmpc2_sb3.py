@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
@@ -172,3 +174,54 @@ def test_probe_learns_the_rewarding_action():
         actions.append(float(action[0, 0]))
         obs, _, _, _ = model.env.step(action)
     assert abs(np.mean(actions) - 0.5) < 0.25, actions
+
+
+def test_callbacks_checkpoint_tensorboard_and_world_model_phases(tmp_path):
+    from stable_baselines3.common.callbacks import CheckpointCallback, EvalCallback, StopTrainingOnMaxEpisodes
+    from stable_baselines3.common.monitor import Monitor
+
+    from sb3_worldmodels import WorldModelCallback
+
+    class Recorder(WorldModelCallback):
+        def __init__(self):
+            super().__init__()
+            self.pretrain, self.updates, self.evals = 0, [], []
+
+        def on_pretrain(self):
+            self.pretrain += 1
+
+        def on_post_update(self, metrics):
+            self.updates.append(metrics)
+
+        def on_eval_metrics(self, metrics):
+            self.evals.append(metrics)
+
+        def _on_step(self):
+            return True
+
+    model = tiny(chain_vec(1, length=10), tensorboard_log=str(tmp_path / "tb"))
+    rec = Recorder()
+    eval_cb = EvalCallback(
+        Monitor(ChainEnv(length=10)), eval_freq=20, n_eval_episodes=1, log_path=str(tmp_path)
+    )
+    ckpt = CheckpointCallback(save_freq=20, save_path=str(tmp_path / "ckpt"), save_replay_buffer=True)
+    model.learn(40, callback=[rec, eval_cb, ckpt], progress_bar=True)
+    assert rec.pretrain == 1 and len(rec.updates) == model._n_updates == 30 + 9
+    assert "train/consistency_loss" in rec.updates[0] and rec.evals
+    files = os.listdir(tmp_path / "ckpt")
+    assert any(f.endswith(".zip") for f in files) and any("replay_buffer" in f for f in files)
+    assert [f for _, _, fs in os.walk(tmp_path / "tb") for f in fs if f.startswith("events")]
+    stopped = tiny(chain_vec(1, length=10))
+    stopped.learn(10_000, callback=StopTrainingOnMaxEpisodes(max_episodes=2))
+    assert stopped.num_timesteps == 20
+
+
+def test_foreign_and_corrupt_checkpoints_are_refused(tmp_path):
+    from sb3_worldmodels import DreamerV3
+
+    DreamerV3("Pendulum-v1", model_size="1m", n_envs=1).save(tmp_path / "dreamer.zip")
+    with pytest.raises(ValueError, match="DreamerV3"):
+        TDMPC2.load(tmp_path / "dreamer.zip")
+    (tmp_path / "broken.zip").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="checkpoint"):
+        TDMPC2.load(tmp_path / "broken.zip")
