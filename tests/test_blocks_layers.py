@@ -147,6 +147,11 @@ def test_simnorm_matches_fixture_and_sums_to_one() -> None:
 def test_activations() -> None:
     x = np.linspace(-6, 6, 25, dtype=np.float32)
     np.testing.assert_allclose(jax.jit(B.mish)(x), x * np.tanh(np.log1p(np.exp(x))), rtol=1e-5, atol=1e-6)
+    wide = np.linspace(-100, 100, 20001)  # closed form in float64, across the guard at 20
+    exact = wide * np.tanh(np.log1p(np.exp(wide)))
+    np.testing.assert_allclose(B.mish(jnp.asarray(wide, jnp.float32)), exact, rtol=2e-6, atol=1e-30)
+    grad = jax.vmap(jax.grad(B.mish))(jnp.asarray(wide, jnp.float32))
+    assert np.all(np.isfinite(grad)) and abs(float(grad[-1]) - 1.0) < 1e-6
     np.testing.assert_allclose(jax.jit(B.get_act("silu"))(x), silu_np(x), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(B.get_act(None)(x), x)
     np.testing.assert_array_equal(B.get_act("none")(x), x)

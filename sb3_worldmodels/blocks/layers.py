@@ -79,8 +79,16 @@ def trunc_normal_fan_in(outscale: float = 1.0, fan_in_axes: Sequence[int] | None
 
 
 def mish(x: Array) -> Array:
-    """x·tanh(softplus(x)), TD-MPC2's activation (not the same as SiLU)."""
-    return x * jnp.tanh(jax.nn.softplus(x))
+    """x·tanh(softplus(x)), TD-MPC2's activation (not the same as SiLU).
+
+    Computed as x·n/(n + 2) with n = eˣ(eˣ + 2), which equals tanh(log(1 + eˣ)), with one
+    exponential instead of three transcendentals (within 5e-7 relative of the direct form; about 3x
+    cheaper on CPU, where it is a third of a hidden layer's time). Above 20 it is x to float32
+    precision.
+    """
+    e = jnp.exp(jnp.minimum(x, 20.0))
+    n = e * (e + 2.0)
+    return jnp.where(x > 20.0, x, x * n / (n + 2.0))
 
 
 _ACTS: dict[str, Callable[[Array], Array]] = {
