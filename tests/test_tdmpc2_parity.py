@@ -374,7 +374,7 @@ def test_episodic_head_td_target_and_update():
         pair_pi=jnp.asarray(up["in_perm_pi"], jnp.int32),
         dropout=None,
     )
-    new, metrics, aux = core.update_with_noise(c, state, batch, noise)
+    new, metrics, aux = jax.jit(core.update_with_noise, static_argnums=0)(c, state, batch, noise)
     close(aux["internals"]["td_targets"], up["td_targets"][..., 0], atol=1e-5)
     close(aux["internals"]["termination_logits"], up["termination_logits"][..., 0], rtol=1e-4, atol=1e-3)
     for key in ("termination_loss", "consistency_loss", "reward_loss", "value_loss", "grad_norm"):

@@ -138,7 +138,12 @@ def test_no_recompilation_across_steps():
 
     sizes = (algorithm.act_jit._cache_size(), algorithm.train_many_jit._cache_size())
     model.learn(20, reset_num_timesteps=False)
+    # Another learning rate (here a schedule) reuses the compilation: the rate lives in the state.
+    scheduled = tiny(chain_vec(1, length=10), learning_rate=lambda progress: 1e-4 + 1e-3 * progress)
+    scheduled.learn(40)
     assert (algorithm.act_jit._cache_size(), algorithm.train_many_jit._cache_size()) == sizes
+    used = float(scheduled.policy.state["agent"].lr)
+    assert np.isclose(used, scheduled.lr_schedule(scheduled._current_progress_remaining), rtol=1e-6)
 
 
 def test_planner_finds_the_optimum_of_a_quadratic(monkeypatch):

@@ -190,7 +190,6 @@ class DreamerV3(WorldModelAlgorithm):
             obs_dim=self.obs_adapter.dim,
             action_dim=self.action_adapter.dim,
             discrete=self.action_adapter.discrete,
-            learning_rate=float(self.lr_schedule(1.0)),
             **fields,
         )
 
@@ -201,8 +200,11 @@ class DreamerV3(WorldModelAlgorithm):
         agent_key, act_key, predict_key = jax.random.split(key, 3)
         if not hasattr(self, "_schedule"):  # a loaded model keeps its saved schedule
             self._reset_schedule()
+        # The static config keeps the default rate (so every rate shares one compilation); the
+        # optimiser reads the actual rate from its state, set here and at every training call.
+        agent = with_learning_rate(core.init_state(self._config, agent_key), float(self.lr_schedule(1.0)))
         return {
-            "agent": core.init_state(self._config, agent_key),
+            "agent": agent,
             "act_key": act_key,
             "predict_key": predict_key,
         }

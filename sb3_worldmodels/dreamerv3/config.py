@@ -116,7 +116,8 @@ class DreamerV3Config:
 
     # --- optimiser: LaProp + AGC (configs.yaml:97; jaxutils.py:398-550) ---
     learning_rate: float = 4e-5
-    """Base learning rate (the SB3 class also accepts a schedule; it is fed in per update)."""
+    """Base learning rate. The SB3 class leaves this field at its default (so every rate shares one
+    compilation) and writes its ``learning_rate`` (float or schedule) into the optimiser state."""
     agc: float = 0.3
     agc_pmin: float = 1e-3
     beta1: float = 0.9

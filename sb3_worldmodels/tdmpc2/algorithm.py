@@ -173,7 +173,6 @@ class TDMPC2(WorldModelAlgorithm):
             self.model_size,
             obs_dim=self.obs_adapter.dim,
             action_dim=self.action_adapter.dim,
-            lr=float(self.lr_schedule(1.0)),
             **fields,
         )
 
@@ -186,8 +185,12 @@ class TDMPC2(WorldModelAlgorithm):
         self._config = self.config
         key = jax.random.PRNGKey(0 if self.seed is None else int(self.seed))
         agent_key, act_key, predict_key = jax.random.split(key, 3)
+        # The static config keeps the default rate (one compilation for every rate); the update
+        # reads the actual rate from the state, set here and at every training call.
+        agent = core.init_state(self._config, agent_key)
+        agent = agent._replace(lr=jnp.asarray(float(self.lr_schedule(1.0)), jnp.float32))
         return {
-            "agent": core.init_state(self._config, agent_key),
+            "agent": agent,
             "act_key": act_key,
             "predict_key": predict_key,
         }

@@ -78,6 +78,8 @@ class TDMPC2Config:
 
     # --- optimisers (tdmpc2.py:20-27) ---
     lr: float = 3e-4
+    """Learning rate of both Adams. The SB3 class leaves this field at its default (one compilation
+    for every rate) and writes its ``learning_rate`` (float or schedule) into the state."""
     enc_lr_scale: float = 0.3
     """The encoder's learning rate is lr * enc_lr_scale."""
     grad_clip_norm: float = 20.0
