@@ -6,7 +6,9 @@
 
 Acceptance (written before any run): Pendulum-v1, final evaluation (10 episodes, deterministic) >= -300
 (seed library: -143 and -124); cartpole-balance, final evaluation >= 800 (seed library: 810 and 854).
-An evaluation of 10 deterministic episodes runs every 1,000 agent steps. Writes the curve to
+An evaluation of 10 deterministic episodes runs every ``--eval-every`` agent steps (default 1,000; each
+costs as many plans as its episodes have steps) and at the end; the returns of the training episodes
+are recorded too. Writes the curve to
 benchmarks/results/tdmpc2_<task>_seed<seed>.json.
 """
 
@@ -47,6 +49,7 @@ class EvalEvery(BaseCallback):
         self.every, self.episodes = every, episodes
         self.next_at = every
         self.curve: list[dict] = []
+        self.train_curve: list[dict] = []
         self.start = time.time()
 
     def evaluate(self) -> None:
@@ -67,7 +70,10 @@ class EvalEvery(BaseCallback):
         print(json.dumps(point), flush=True)
 
     def _on_step(self) -> bool:
-        if self.num_timesteps >= self.next_at:
+        for info in self.locals.get("infos", []):
+            if "episode" in info:  # Monitor: a training episode ended (exploration noise on)
+                self.train_curve.append({"steps": self.num_timesteps, "return": float(info["episode"]["r"])})
+        if self.every and self.num_timesteps >= self.next_at:
             self.next_at += self.every
             self.evaluate()
         return True
@@ -79,6 +85,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--model-size", type=int, default=1)
+    parser.add_argument(
+        "--eval-every", type=int, default=1_000, help="agent steps between evaluations (0: only at the end)"
+    )
     args = parser.parse_args()
     task = TASKS[args.task]
     steps = args.steps or task["steps"]
@@ -98,7 +107,7 @@ def main() -> None:
         episode_length=task["episode_length"],
         seed=args.seed,
     )
-    callback = EvalEvery(lambda: make_env(10_000 + args.seed), 1_000, 10)
+    callback = EvalEvery(lambda: make_env(10_000 + args.seed), args.eval_every, 10)
     start = time.time()
     model.learn(steps, callback=callback)
     if not callback.curve or callback.curve[-1]["steps"] < model.num_timesteps:
@@ -118,11 +127,12 @@ def main() -> None:
         "ld_preload": os.environ.get("LD_PRELOAD", ""),
         "date": time.strftime("%Y-%m-%d"),
         "curve": callback.curve,
+        "train_curve": callback.train_curve,
     }
     out = Path(__file__).parent / "results" / f"tdmpc2_{args.task}_seed{args.seed}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("curve", "train_curve")}))
 
 
 if __name__ == "__main__":
