@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import jax
 import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -453,6 +454,55 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
                 "(evaluate_policy does this).",
                 stacklevel=3,
             )
+
+    # ------------------------------------------------------------------ training
+    def train(self, gradient_steps: int, batch_size: int = 0) -> None:
+        """Run the updates the agent's schedule owes (SB3's ``gradient_steps`` is ignored), in
+        jitted calls of ``_updates_per_call`` updates (and single updates for the rest)."""
+        owed = self._take_owed_updates()
+        if owed <= 0:
+            return
+        if self._n_updates == 0:
+            for cb in self._wm_callbacks:
+                cb.on_pretrain()
+        per_call = self._updates_per_call
+        chunks = [per_call] * (owed // per_call) + [1] * (owed % per_call)
+        lr = self.current_learning_rate
+        state = self.policy.state
+        agent_state = self._with_learning_rate(state["agent"], lr)
+        all_metrics = []
+        for k in chunks:
+            agent_state, metrics = self._train_chunk(agent_state, k)
+            all_metrics.append(jax.device_get(metrics))
+        self.policy.state = {**state, "agent": agent_state}
+        self._n_updates += owed
+        # Each call returns every update's metrics with a leading K: one row per update owed.
+        stacked = {key: np.concatenate([m[key] for m in all_metrics]) for key in all_metrics[0]}
+        for i in range(owed if self._wm_callbacks else 0):
+            self._log_post_update({f"train/{key}": float(v[i]) for key, v in stacked.items()})
+        for key, values in stacked.items():
+            self.logger.record(f"train/{key}", float(np.mean(values)))
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/learning_rate", lr)
+        self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)
+        self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)
+
+    def _take_owed_updates(self) -> int:
+        """The number of updates to run now (and forget them), 0 while training cannot start."""
+        raise NotImplementedError
+
+    @property
+    def _updates_per_call(self) -> int:
+        """Updates scanned in one jitted call (one distinct compilation)."""
+        raise NotImplementedError
+
+    def _with_learning_rate(self, agent_state: Any, lr: float) -> Any:
+        """``agent_state`` with the optimiser's learning rate set to ``lr``."""
+        raise NotImplementedError
+
+    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict]:
+        """Sample k batches and run k updates in one jitted call: (new state, metrics with a leading k)."""
+        raise NotImplementedError
 
     def _log_post_update(self, metrics: dict[str, float]) -> None:
         for cb in self._wm_callbacks:

@@ -390,40 +390,19 @@ class DreamerV3(WorldModelAlgorithm):
     def _updates_per_call(self) -> int:
         return max(1, round(self.n_envs * self._config.updates_per_row))
 
-    def train(self, gradient_steps: int, batch_size: int = 16) -> None:
-        """Run the updates the train ratio owes (``gradient_steps`` from SB3 is ignored)."""
-        owed = self._pending_updates
-        if owed <= 0:
-            return
-        self._pending_updates = 0
-        if self._n_updates == 0:
-            for cb in self._wm_callbacks:
-                cb.on_pretrain()
-        per_call = self._updates_per_call
-        chunks = [per_call] * (owed // per_call) + [1] * (owed % per_call)
-        lr = self.current_learning_rate
-        state = self.policy.state
-        agent_state = with_learning_rate(state["agent"], lr)
-        all_metrics = []
-        for k in chunks:
-            batch, envs, starts = self.replay_buffer.sample(self._config.batch_size, count=k)
-            batch = {name: jnp.asarray(value) for name, value in batch.items()}
-            agent_state, metrics, latents = core.train_many_jit(self._config, agent_state, batch)
-            latents = jax.device_get(latents)
-            self.replay_buffer.write_back(envs, starts, latents)
-            all_metrics.append(jax.device_get(metrics))
-        self.policy.state = {**state, "agent": agent_state}
-        self._n_updates += owed
-        # train_many returns every update's metrics with a leading K: one row per update owed.
-        stacked = {key: np.concatenate([m[key] for m in all_metrics]) for key in all_metrics[0]}
-        for i in range(owed if self._wm_callbacks else 0):
-            self._log_post_update({f"train/{key}": float(v[i]) for key, v in stacked.items()})
-        for key, values in stacked.items():
-            self.logger.record(f"train/{key}", float(np.mean(values)))
-        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
-        self.logger.record("train/learning_rate", lr)
-        self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)
-        self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)
+    def _take_owed_updates(self) -> int:
+        owed, self._pending_updates = self._pending_updates, 0
+        return owed
+
+    def _with_learning_rate(self, agent_state: Any, lr: float) -> Any:
+        return with_learning_rate(agent_state, lr)
+
+    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict]:
+        batch, envs, starts = self.replay_buffer.sample(self._config.batch_size, count=k)
+        batch = {name: jnp.asarray(value) for name, value in batch.items()}
+        agent_state, metrics, latents = core.train_many_jit(self._config, agent_state, batch)
+        self.replay_buffer.write_back(envs, starts, jax.device_get(latents))
+        return agent_state, metrics
 
     # ------------------------------------------------------------------ predict
     def predict(

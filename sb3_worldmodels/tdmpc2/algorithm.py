@@ -344,43 +344,28 @@ class TDMPC2(WorldModelAlgorithm):
                 self._owed_updates += 1
 
     # ------------------------------------------------------------------ training
-    def train(self, gradient_steps: int, batch_size: int = 256) -> None:
-        """Run the updates the schedule owes (``gradient_steps`` from SB3 is ignored)."""
-        owed = self._owed_updates
-        if owed <= 0 or self.replay_buffer.num_episodes == 0:
-            return
-        self._owed_updates = 0
-        if self._n_updates == 0:
-            for cb in self._wm_callbacks:
-                cb.on_pretrain()
-        per_call = self.n_envs
-        chunks = [per_call] * (owed // per_call) + [1] * (owed % per_call)
-        lr = self.current_learning_rate
-        state = self.policy.state
-        agent_state = state["agent"]._replace(lr=jnp.asarray(lr, jnp.float32))
-        all_metrics = []
-        cfg = self._config
-        for k in chunks:
-            batch = self.replay_buffer.sample(cfg.batch_size, count=k)
-            batch = {
-                "obs": jnp.asarray(batch["obs"]),
-                "action": jnp.asarray(batch["action"][:, 1:]),
-                "reward": jnp.asarray(batch["reward"][:, 1:]),
-                "terminated": jnp.asarray(batch["terminated"][:, 1:]),
-            }
-            agent_state, metrics = train_many_jit(cfg, agent_state, batch)
-            all_metrics.append(jax.device_get(metrics))
-        self.policy.state = {**state, "agent": agent_state}
-        self._n_updates += owed
-        stacked = {key: np.concatenate([m[key] for m in all_metrics]) for key in all_metrics[0]}
-        for i in range(owed if self._wm_callbacks else 0):
-            self._log_post_update({f"train/{key}": float(v[i]) for key, v in stacked.items()})
-        for key, values in stacked.items():
-            self.logger.record(f"train/{key}", float(np.mean(values)))
-        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
-        self.logger.record("train/learning_rate", lr)
-        self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)
-        self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)
+    def _take_owed_updates(self) -> int:
+        if self.replay_buffer.num_episodes == 0:  # updates wait for the first finished episode
+            return 0
+        owed, self._owed_updates = self._owed_updates, 0
+        return owed
+
+    @property
+    def _updates_per_call(self) -> int:
+        return self.n_envs
+
+    def _with_learning_rate(self, agent_state: Any, lr: float) -> Any:
+        return agent_state._replace(lr=jnp.asarray(lr, jnp.float32))
+
+    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict]:
+        batch = self.replay_buffer.sample(self._config.batch_size, count=k)  # (k, H+1, B, ...)
+        batch = {
+            "obs": jnp.asarray(batch["obs"]),
+            "action": jnp.asarray(batch["action"][:, 1:]),
+            "reward": jnp.asarray(batch["reward"][:, 1:]),
+            "terminated": jnp.asarray(batch["terminated"][:, 1:]),
+        }
+        return train_many_jit(self._config, agent_state, batch)
 
     # ------------------------------------------------------------------ predict
     def predict(
