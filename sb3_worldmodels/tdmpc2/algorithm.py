@@ -176,10 +176,6 @@ class TDMPC2(WorldModelAlgorithm):
             **fields,
         )
 
-    @property
-    def resolved_seed_steps(self) -> int:
-        return int(self.seed_steps)
-
     def _build_state(self) -> dict[str, Any]:
         self._resolve_env_defaults()
         self._config = self.config
@@ -272,7 +268,7 @@ class TDMPC2(WorldModelAlgorithm):
         state = self.policy.state
         act_key, step_key = jax.random.split(state["act_key"])
         self.policy.state = {**state, "act_key": act_key}
-        if self.num_timesteps > self.resolved_seed_steps:
+        if self.num_timesteps > self.seed_steps:
             action, mean = act_jit(
                 cfg,
                 state["agent"].params,
@@ -295,7 +291,7 @@ class TDMPC2(WorldModelAlgorithm):
         self.replay_buffer.add_entries(
             envs,
             {
-                "obs": obs[envs] if obs.shape[0] != k else obs,
+                "obs": obs,
                 "action": np.zeros((k, cfg.action_dim), np.float32),
                 "reward": np.zeros(k, np.float32),
                 "terminated": np.zeros(k, np.float32),
@@ -331,17 +327,14 @@ class TDMPC2(WorldModelAlgorithm):
         for i in np.flatnonzero(dones):
             self.replay_buffer.end_episode(int(i))
         if dones.any():
-            self._start_episodes(np.flatnonzero(dones), obs)
+            self._start_episodes(np.flatnonzero(dones), obs[dones])
         self._rollout = self._rollout._replace(first=dones.copy())
         # The reference's schedule, per agent step s (0-based): seed_steps updates at s == seed_steps,
         # then one per step.
-        seed_steps = self.resolved_seed_steps
-        before = self.num_timesteps - n
-        for s in range(before, self.num_timesteps):
-            if s == seed_steps:
-                self._owed_updates += seed_steps
-            elif s > seed_steps:
-                self._owed_updates += 1
+        seed_steps, before = self.seed_steps, self.num_timesteps - n
+        if before <= seed_steps < self.num_timesteps:
+            self._owed_updates += seed_steps
+        self._owed_updates += max(0, self.num_timesteps - max(before, seed_steps + 1))
 
     # ------------------------------------------------------------------ training
     def _take_owed_updates(self) -> int:
