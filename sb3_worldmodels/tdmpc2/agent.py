@@ -140,9 +140,12 @@ def init_state(config: TDMPC2Config, key: Array) -> TDMPC2State:
 
 def _dropout_key(config: TDMPC2Config, keys: Array | None, index: int, train: bool) -> Array | None:
     """The dropout key of a Q evaluation, or None where ``config.q_dropout`` switches it off."""
-    if keys is None or config.q_dropout == "off" or (config.q_dropout == "train" and not train):
-        return None
-    return keys[index]
+    return keys[index] if keys is not None and _dropout_on(config, train) else None
+
+
+def _dropout_on(config: TDMPC2Config, train: bool) -> bool:
+    """Whether a Q evaluation draws dropout: "always" (b67b21c), "train" (losses only), "off"."""
+    return config.q_dropout == "always" or (config.q_dropout == "train" and train)
 
 
 def _rho(config: TDMPC2Config, n: int) -> Array:
@@ -455,7 +458,7 @@ def plan_with_noise(
         }
         return (new_mean, new_std), out
 
-    drops = noise.dropout if noise.dropout is not None and config.q_dropout == "always" else None
+    drops = noise.dropout if noise.dropout is not None and _dropout_on(config, train=False) else None
     xs = (noise.mppi, noise.value_pi, noise.value_pair, drops)
     if drops is None:
         (mean, std), iters = jax.lax.scan(lambda c, x: iteration(c, (*x, None)), (mean, std), xs[:3])
