@@ -1,7 +1,7 @@
 """World-model reinforcement learning (DreamerV3, TD-MPC2) as drop-in Stable-Baselines3 algorithms."""
 
 from sb3_worldmodels.common.callbacks import WorldModelCallback
-from sb3_worldmodels.common.envs import ActionRepeat
+from sb3_worldmodels.common.envs import ActionRepeat, FlattenDictObservation, make_dmc_env
 from sb3_worldmodels.dreamerv3 import DreamerV3, DreamerV3Config
 from sb3_worldmodels.tdmpc2 import TDMPC2, TDMPC2Config
 
@@ -11,7 +11,9 @@ __all__ = [
     "ActionRepeat",
     "DreamerV3",
     "DreamerV3Config",
+    "FlattenDictObservation",
     "TDMPC2Config",
     "WorldModelCallback",
     "__version__",
+    "make_dmc_env",
 ]

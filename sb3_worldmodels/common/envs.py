@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
@@ -64,3 +65,76 @@ class ActionRepeat(gym.Wrapper):
             if terminated or truncated:
                 break
         return obs, total, terminated, truncated, info
+
+
+class FlattenDictObservation(gym.ObservationWrapper):
+    """Concatenate a Dict of Box observations into one float32 vector, in the Dict's key order.
+
+    The same order the agents' own observation adapter uses, so a model trained on the Dict env
+    and one trained on the flattened env see identical vectors.
+    """
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Dict) or not all(
+            isinstance(s, gym.spaces.Box) for s in space.spaces.values()
+        ):
+            raise ValueError(f"FlattenDictObservation needs a Dict of Box spaces, got {space}.")
+        self._keys = list(space.spaces)
+        width = sum(int(np.prod(space.spaces[k].shape)) for k in self._keys)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
+
+    def observation(self, observation: dict) -> np.ndarray:
+        return np.concatenate([np.asarray(observation[k], np.float32).reshape(-1) for k in self._keys])
+
+
+def dmc_env_id(task: str) -> str:
+    """The Gymnasium id of a dm_control suite task, from any of the names papers use.
+
+    ``"dm_control/walker-walk-v0"``, ``"walker-walk"``, ``"walker_walk"``, ``"cup-catch"``,
+    ``"ball_in_cup_catch"`` and ``"cartpole-balance-sparse"`` all resolve. Importing shimmy
+    registers the ids.
+    """
+    import shimmy  # noqa: F401  (registers the dm_control ids)
+
+    if task in gym.registry:
+        return task
+    names: dict[str, str] = {}
+    for env_id in gym.registry:
+        if not env_id.startswith("dm_control/") or env_id.count("-") != 2:
+            continue
+        domain, name = env_id[len("dm_control/") :].rsplit("-", 1)[0].split("-", 1)
+        domains = {domain, "cup"} if domain == "ball_in_cup" else {domain}
+        for d in domains:
+            for sep in ("-", "_"):
+                names[f"{d}{sep}{name}".lower()] = env_id
+                names[f"{d}{sep}{name.replace('_', '-')}".lower()] = env_id
+    key = task.lower()
+    if key not in names:
+        suite = sorted({i for i in names.values()})
+        raise ValueError(f"Unknown dm_control task {task!r}; known tasks: {', '.join(suite)}.")
+    return names[key]
+
+
+def make_dmc_env(
+    task: str, action_repeat: int = 2, flatten: bool = True, seed: int | None = None, **make_kwargs: Any
+) -> gym.Env:
+    """A dm_control suite task as a Gymnasium env, set up as both papers run it.
+
+    :param task: a task name in any common spelling (see :func:`dmc_env_id`).
+    :param action_repeat: simulator steps per agent step (2 in both papers); rewards are summed, so an
+        episode of 1,000 simulator steps is ``1000 // action_repeat`` agent steps.
+    :param flatten: concatenate the Dict observation into a float32 vector (any SB3 algorithm can
+        then use it; the world-model agents accept the Dict too).
+    :param seed: seeds the first ``reset``.
+    """
+    env = gym.make(dmc_env_id(task), **make_kwargs)
+    if flatten:
+        env = FlattenDictObservation(env)
+    if action_repeat > 1:
+        env = ActionRepeat(env, action_repeat)
+    if seed is not None:
+        env.reset(seed=seed)
+        env.action_space.seed(seed)
+    return env
