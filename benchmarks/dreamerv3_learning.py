@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.evaluation import evaluate_policy
+from evaluation import EvalEvery, run_record
 from stable_baselines3.common.monitor import Monitor
 
 from sb3_worldmodels import DreamerV3
@@ -32,44 +29,6 @@ TASKS = {
 PAPER_ERA = dict(model_size="1m", n_envs=16, train_ratio=512, batch_size=16, batch_length=64)
 
 
-class EvalEveryRows(BaseCallback):
-    """Evaluates every ``every`` rows on fresh episodes (the sampling policy, as the reference)."""
-
-    def __init__(self, env_id: str, every: int, episodes: int, deterministic: bool, seed: int) -> None:
-        super().__init__()
-        self.env = Monitor(gym.make(env_id))
-        self.env.reset(seed=10_000 + seed)
-        self.every, self.episodes, self.deterministic = every, episodes, deterministic
-        self.next_at = every
-        self.curve: list[dict] = []
-        self.start = time.time()
-
-    def evaluate(self) -> None:
-        rewards, _ = evaluate_policy(
-            self.model,
-            self.env,
-            n_eval_episodes=self.episodes,
-            deterministic=self.deterministic,
-            return_episode_rewards=True,
-        )
-        train = [ep["r"] for ep in self.model.ep_info_buffer]
-        point = {
-            "rows": self.num_timesteps,
-            "eval_mean": float(np.mean(rewards)),
-            "train_mean": float(np.mean(train)) if train else None,
-            "updates": self.model._n_updates,
-            "seconds": round(time.time() - self.start, 1),
-        }
-        self.curve.append(point)
-        print(json.dumps(point), flush=True)
-
-    def _on_step(self) -> bool:
-        if self.num_timesteps >= self.next_at:
-            self.next_at += self.every
-            self.evaluate()
-        return True
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--task", choices=TASKS, default="pendulum")
@@ -79,11 +38,16 @@ def main() -> None:
     task = TASKS[args.task]
     rows = args.rows or task["rows"]
     model = DreamerV3(task["env"], seed=args.seed, **PAPER_ERA)
-    callback = EvalEveryRows(task["env"], 2_000, 10, task["deterministic"], args.seed)
+
+    def make_eval_env():
+        env = Monitor(gym.make(task["env"]))
+        env.reset(seed=10_000 + args.seed)
+        return env
+
+    callback = EvalEvery(make_eval_env, 2_000, 10, task["deterministic"], x_key="rows")
     start = time.time()
     model.learn(rows, callback=callback)
-    if not callback.curve or callback.curve[-1]["rows"] < model.num_timesteps:
-        callback.evaluate()
+    callback.finish()
     if args.task == "pendulum":
         score = callback.curve[-1]["eval_mean"]
     else:
@@ -98,10 +62,9 @@ def main() -> None:
         "threshold": task["threshold"],
         "passed": score >= task["threshold"],
         "settings": PAPER_ERA,
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
-        "ld_preload": os.environ.get("LD_PRELOAD", ""),
-        "date": time.strftime("%Y-%m-%d"),
+        **run_record(),
         "curve": callback.curve,
+        "train_curve": callback.train_curve,
     }
     out = Path(__file__).parent / "results" / f"{args.task}_seed{args.seed}.json"
     out.parent.mkdir(exist_ok=True)

@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
-import numpy as np
-from stable_baselines3.common.callbacks import BaseCallback
+from evaluation import EvalEvery, run_record
 from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_worldmodels import TDMPC2, ActionRepeat
 
@@ -38,45 +34,6 @@ TASKS = {
         episode_length=1000,
     ),
 }
-
-
-class EvalEvery(BaseCallback):
-    """Evaluates every ``every`` agent steps on fresh episodes (deterministic: the reference's eval mode)."""
-
-    def __init__(self, make_env, every: int, episodes: int) -> None:
-        super().__init__()
-        self.env = make_env()
-        self.every, self.episodes = every, episodes
-        self.next_at = every
-        self.curve: list[dict] = []
-        self.train_curve: list[dict] = []
-        self.start = time.time()
-
-    def evaluate(self) -> None:
-        rewards, _ = evaluate_policy(
-            self.model,
-            self.env,
-            n_eval_episodes=self.episodes,
-            deterministic=True,
-            return_episode_rewards=True,
-        )
-        point = {
-            "steps": self.num_timesteps,
-            "eval_mean": float(np.mean(rewards)),
-            "updates": self.model._n_updates,
-            "seconds": round(time.time() - self.start, 1),
-        }
-        self.curve.append(point)
-        print(json.dumps(point), flush=True)
-
-    def _on_step(self) -> bool:
-        for info in self.locals.get("infos", []):
-            if "episode" in info:  # Monitor: a training episode ended (exploration noise on)
-                self.train_curve.append({"steps": self.num_timesteps, "return": float(info["episode"]["r"])})
-        if self.every and self.num_timesteps >= self.next_at:
-            self.next_at += self.every
-            self.evaluate()
-        return True
 
 
 def main() -> None:
@@ -107,11 +64,12 @@ def main() -> None:
         episode_length=task["episode_length"],
         seed=args.seed,
     )
-    callback = EvalEvery(lambda: make_env(10_000 + args.seed), args.eval_every, 10)
+    callback = EvalEvery(
+        lambda: make_env(10_000 + args.seed), args.eval_every, 10, deterministic=True, action_repeat=repeat
+    )
     start = time.time()
     model.learn(steps, callback=callback)
-    if not callback.curve or callback.curve[-1]["steps"] < model.num_timesteps:
-        callback.evaluate()
+    callback.finish()
     score = callback.curve[-1]["eval_mean"]
     result = {
         "task": args.task,
@@ -123,9 +81,7 @@ def main() -> None:
         "threshold": task["threshold"],
         "passed": score >= task["threshold"],
         "settings": {"model_size": args.model_size, "action_repeat": repeat, "seed_steps": model.seed_steps},
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
-        "ld_preload": os.environ.get("LD_PRELOAD", ""),
-        "date": time.strftime("%Y-%m-%d"),
+        **run_record(),
         "curve": callback.curve,
         "train_curve": callback.train_curve,
     }
