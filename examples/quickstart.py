@@ -18,30 +18,30 @@ from stable_baselines3.common.monitor import Monitor
 
 from sb3_worldmodels import DreamerV3
 
+TINY = dict(units=16, deter=32, hidden=16, classes=4, stoch=4, blocks=4, batch_size=2, batch_length=8,
+            train_ratio=16, imag_horizon=3, n_envs=2)  # fmt: skip
 
-def main() -> None:
+
+def main(argv: list[str] | None = None) -> float:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=3_000, help="training budget in replay rows")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    parser.add_argument("--tiny", action="store_true", help="a tiny model and 200 rows (CI)")
+    args = parser.parse_args(argv)
 
-    model = DreamerV3(
-        "Pendulum-v1",
-        model_size="1m",
-        n_envs=4,
-        train_ratio=64,
-        batch_size=8,
-        batch_length=32,
-        seed=args.seed,
-        verbose=1,
-    )
+    settings = dict(model_size="1m", n_envs=4, train_ratio=64, batch_size=8, batch_length=32)
+    if args.tiny:
+        settings.update(TINY)
+    model = DreamerV3("Pendulum-v1", seed=args.seed, verbose=1, **settings)
+    rows = 200 if args.tiny else args.rows
     start = time.time()
-    model.learn(args.rows, log_interval=8)
+    model.learn(rows, log_interval=8)
     print(f"trained {model.num_timesteps} rows, {model._n_updates} updates in {time.time() - start:.0f} s")
 
     eval_env = Monitor(gym.make("Pendulum-v1"))
     mean, std = evaluate_policy(model, eval_env, n_eval_episodes=3, deterministic=False)
     print(f"evaluation over 3 episodes (sampling policy): {mean:.1f} +/- {std:.1f}")
+    return mean
 
 
 if __name__ == "__main__":
