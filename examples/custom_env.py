@@ -4,8 +4,8 @@
     python examples/custom_env.py --agent dreamerv3 --tiny
 
 `Reach1D`: a point on a line must move to a target given in its observation; reward = minus the
-distance; 100 steps per episode. Any env with a flat Box observation (or a Dict of them) works; DreamerV3 also takes
-Discrete actions.
+distance; 100 steps per episode. Any env with a flat Box observation (or a Dict of them) works;
+DreamerV3 also takes Discrete actions.
 """
 
 from __future__ import annotations
