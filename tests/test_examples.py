@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -18,6 +19,7 @@ import custom_env  # noqa: E402
 import dmc_paper_protocol  # noqa: E402
 import quickstart  # noqa: E402
 import swap_sac_for_tdmpc2  # noqa: E402
+import world_model_predictions  # noqa: E402
 
 
 def test_quickstart():
@@ -32,6 +34,13 @@ def test_swap_sac_for_tdmpc2_keeps_the_pipeline(tmp_path):
 @pytest.mark.parametrize("agent", ["tdmpc2", "dreamerv3"])
 def test_custom_env(agent):
     assert math.isfinite(custom_env.main(["--agent", agent, "--tiny"]))
+
+
+def test_world_model_predictions(tmp_path):
+    record = world_model_predictions.main(["--tiny", "--out", str(tmp_path)])
+    assert len(record["real"]) == len(record["predicted"]) == 100
+    assert record["plans"] and all(len(rewards) == 3 for _, rewards in record["plans"])  # the horizon
+    assert np.all(np.isfinite(record["predicted"])) and (tmp_path / "world_model_predictions.csv").exists()
 
 
 def test_dmc_paper_protocol():

@@ -230,3 +230,29 @@ def test_foreign_and_corrupt_checkpoints_are_refused(tmp_path):
     (tmp_path / "broken.zip").write_bytes(b"not a zip")
     with pytest.raises(ValueError, match="checkpoint"):
         TDMPC2.load(tmp_path / "broken.zip")
+
+
+def test_predict_rollout_is_the_planners_value_and_takes_env_actions():
+    model = tiny(chain_vec(1, length=10))
+    model.learn(40)  # some updates, so the heads are not at their zero initialisation
+    cfg = model._config
+    obs = np.array([[0.2, 1.0], [0.7, 1.0]], np.float32)
+    plan = np.random.default_rng(0).uniform(-1, 1, (2, cfg.horizon, 1)).astype(np.float32)
+    out = model.predict_plan_rollout(obs, plan)
+    assert out["reward"].shape == (2, cfg.horizon) and out["latent"].shape == (2, cfg.horizon + 1, 16)
+    # Σ γ^t r_t + γ^H Q(z_H, π(z_H)): the planner's estimate with no policy noise, both members, no dropout.
+    params = model.policy.state["agent"].params
+    z = core.N.encode(cfg, params, jnp.asarray(obs))
+    planner = core.estimate_value(
+        cfg, params, z, jnp.swapaxes(jnp.asarray(plan), 0, 1), jnp.zeros((2, 1)), jnp.arange(2), None
+    )
+    discounts = cfg.discount ** np.arange(cfg.horizon)
+    ours = out["reward"] @ discounts + cfg.discount**cfg.horizon * out["value"]
+    np.testing.assert_allclose(ours, np.asarray(planner), rtol=1e-5, atol=1e-5)
+    # Env units (ChainEnv's actions are in [-2, 2]) give the same prediction as agent units.
+    by_env = model.predict_rollout(obs, 2.0 * plan)
+    np.testing.assert_allclose(by_env["reward"], out["reward"], rtol=1e-6)
+    single = model.predict_rollout(obs[0], 2.0 * plan[0])
+    np.testing.assert_allclose(single["reward"], out["reward"][0], rtol=1e-6)
+    with pytest.raises(ValueError, match="expected"):
+        model.predict_rollout(obs, plan[:, :, :1].repeat(2, axis=2))

@@ -521,3 +521,36 @@ def act(
 def random_actions(key: Array, n: int, action_dim: int) -> Array:
     """Uniform actions in [−1, 1] for the seed phase: (n, A)."""
     return jax.random.uniform(key, (n, action_dim), jnp.float32, -1.0, 1.0)
+
+
+def predict_rollout(config: TDMPC2Config, params: dict, obs: Array, actions: Array) -> dict[str, Array]:
+    """What the world model expects along given actions, open loop, without dropout.
+
+    obs (n, O), actions (n, T, A) in [-1, 1] → "reward" (n, T) (decoded reward head), "latent"
+    (n, T + 1, L) and "value" (n,): the mean of all Q members at the last latent with the policy's
+    mean action (the planner's bootstrap). Episodic: "continue" (n, T), the probability that the
+    episode goes on after each step.
+    """
+    z = N.encode(config, params, obs)
+
+    def step(z: Array, action: Array) -> tuple[Array, tuple[Array, Array, Array]]:
+        reward = N.decode(config, N.reward_logits(config, params, z, action))
+        z_next = N.next_latent(config, params, z, action)
+        if config.episodic:
+            alive = 1.0 - jax.nn.sigmoid(N.termination_logit(config, params, z_next))
+        else:
+            alive = jnp.ones_like(reward)
+        return z_next, (reward, z_next, alive)
+
+    z_last, (rewards, latents, alive) = jax.lax.scan(step, z, jnp.swapaxes(actions, 0, 1))
+    no_noise = jnp.zeros(z_last.shape[:-1] + (config.action_dim,), jnp.float32)
+    mean_action, _, _, _ = N.policy(config, params, z_last, no_noise)
+    value = jnp.mean(N.decode(config, N.q_logits(config, params["qs"], z_last, mean_action, None)), axis=0)
+    out = {
+        "reward": jnp.swapaxes(rewards, 0, 1),
+        "latent": jnp.concatenate([z[:, None], jnp.swapaxes(latents, 0, 1)], axis=1),
+        "value": value,
+    }
+    if config.episodic:
+        out["continue"] = jnp.swapaxes(alive, 0, 1)
+    return out

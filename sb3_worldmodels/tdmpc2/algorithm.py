@@ -16,6 +16,9 @@ from sb3_worldmodels.tdmpc2.config import TDMPC2Config, discount_from_episode_le
 
 act_jit = jax.jit(core.act, static_argnames=("config", "eval_mode"), compiler_options=COMPILER_OPTIONS)
 train_many_jit = jax.jit(core.train_many, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
+predict_rollout_jit = jax.jit(
+    core.predict_rollout, static_argnames=("config",), compiler_options=COMPILER_OPTIONS
+)
 
 _CONFIG_FIELDS = tuple(
     f for f in TDMPC2Config.__dataclass_fields__ if f not in ("obs_dim", "action_dim", "lr")
@@ -402,6 +405,35 @@ class TDMPC2(WorldModelAlgorithm):
         if not vectorized:
             env_action = env_action[0]
         return env_action, (np.asarray(mean),)
+
+    def predict_rollout(self, observation: Any, actions: Any) -> dict[str, np.ndarray]:
+        """What the world model expects if ``actions`` are taken from ``observation``, open loop.
+
+        :param observation: one observation or a batch (n, ...), as for ``predict``.
+        :param actions: env actions (T, A) for one observation, or (n, T, A). For the plan returned as
+            ``predict``'s state (agent units, [-1, 1]) use :meth:`predict_plan_rollout`.
+        :return: "reward" (n, T) predicted rewards, "value" (n,) the Q estimate after the last action,
+            "latent" (n, T + 1, L), and "continue" (n, T) when ``episodic``; without the n axis for
+            one observation.
+        """
+        return self._predict_rollout(observation, actions, agent_units=False)
+
+    def predict_plan_rollout(self, observation: Any, plan: Any) -> dict[str, np.ndarray]:
+        """:meth:`predict_rollout` along a plan in agent units, e.g. ``predict``'s state[0] (n, H, A)."""
+        return self._predict_rollout(observation, plan, agent_units=True)
+
+    def _predict_rollout(self, observation: Any, actions: Any, agent_units: bool) -> dict[str, np.ndarray]:
+        obs, vectorized = self._predict_batch(observation)
+        n, dim = obs.shape[0], self._config.action_dim
+        actions = np.asarray(actions, np.float32)
+        if actions.ndim == 2 and not vectorized:
+            actions = actions[None]
+        if actions.ndim != 3 or actions.shape[0] != n or actions.shape[2] != dim:
+            raise ValueError(f"actions have shape {actions.shape}, expected ({n}, T, {dim}).")
+        if not agent_units:
+            actions = self.action_adapter.from_env(actions.reshape(-1, dim)).reshape(actions.shape)
+        out = predict_rollout_jit(self._config, self.policy.state["agent"].params, jnp.asarray(obs), actions)
+        return {k: (np.asarray(v) if vectorized else np.asarray(v)[0]) for k, v in out.items()}
 
 
 def _batched(observation: Any) -> Any:
