@@ -5,7 +5,7 @@
 
 Acceptance (written before any run): Pendulum-v1, final evaluation (10 episodes) >= -300;
 CartPole-v1, mean evaluation of the sampling policy (10 episodes every 2,000 rows) over rows
-12,000-24,000 >= 250. Writes the curve to benchmarks/results/<task>_seed<seed>.json.
+12,000-24,000 >= 250. Writes the curve to benchmarks/results/dreamerv3_<task>_seed<seed>.json.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def main() -> None:
         "curve": callback.curve,
         "train_curve": callback.train_curve,
     }
-    out = Path(__file__).parent / "results" / f"{args.task}_seed{args.seed}.json"
+    out = Path(__file__).parent / "results" / f"dreamerv3_{args.task}_seed{args.seed}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
