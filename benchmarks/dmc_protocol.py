@@ -27,6 +27,8 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_worldmodels import TDMPC2, DreamerV3, make_dmc_env
+from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMERV3_SMOKE
+from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 
 PROTOCOLS = {
     "tdmpc2": dict(
@@ -52,30 +54,11 @@ ACTION_REPEAT = 2
 EPISODE_FRAMES = 1000
 SMOKE = {
     "tdmpc2": dict(
-        model_size=1,
-        enc_dim=16,
-        mlp_dim=32,
-        latent_dim=16,
-        num_q=2,
-        batch_size=16,
-        num_samples=32,
-        num_elites=4,
-        num_pi_trajs=4,
-        iterations=2,
+        **TDMPC2_SMOKE,
         seed_steps=50,
     ),
     "dreamerv3": dict(
-        model_size="1m",
-        units=16,
-        deter=32,
-        hidden=16,
-        classes=4,
-        stoch=4,
-        blocks=4,
-        batch_size=2,
-        batch_length=8,
-        train_ratio=16,
-        imag_horizon=3,
+        **DREAMERV3_SMOKE,
     ),
 }
 SMOKE_TIME_LIMIT = 1.0  # seconds of simulated time: 100 frames of cartpole (dt 0.01)

@@ -21,6 +21,8 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
 
 from sb3_worldmodels import TDMPC2, DreamerV3
+from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMERV3_SMOKE
+from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 
 
 class Reach1D(gym.Env):
@@ -56,15 +58,13 @@ def main(argv: list[str] | None = None) -> float:
         # derives its discount (and its seed steps).
         size = dict(model_size=1, episode_length=100)
         if args.tiny:
-            size.update(enc_dim=16, mlp_dim=32, latent_dim=16, num_q=2, batch_size=16, num_samples=32,
-                        num_elites=4, num_pi_trajs=4, iterations=2, seed_steps=50)  # fmt: skip
+            size.update(**TDMPC2_SMOKE, seed_steps=50)
         model = TDMPC2("MlpPolicy", Monitor(Reach1D()), seed=0, **size)
         steps = 150 if args.tiny else 3_000
     else:
         size = dict(model_size="1m", n_envs=4, train_ratio=64, batch_size=8, batch_length=32)
         if args.tiny:
-            size.update(units=16, deter=32, hidden=16, classes=4, stoch=4, blocks=4, batch_size=2,
-                        batch_length=8, train_ratio=16, imag_horizon=3, n_envs=2)  # fmt: skip
+            size.update(**DREAMERV3_SMOKE, n_envs=2)  # fmt: skip
         env = make_vec_env(Reach1D, n_envs=size.pop("n_envs"), seed=0)
         model = DreamerV3("MlpPolicy", env, seed=0, **size)
         steps = 200 if args.tiny else 10_000

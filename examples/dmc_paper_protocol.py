@@ -16,6 +16,8 @@ from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_worldmodels import TDMPC2, DreamerV3, make_dmc_env
 from sb3_worldmodels.common.envs import dmc_env_id
+from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMERV3_SMOKE
+from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -31,14 +33,12 @@ def main(argv: list[str] | None = None) -> float:
     if args.agent == "tdmpc2":
         kwargs = dict(model_size=1)  # the paper uses 5
         if args.tiny:
-            kwargs.update(enc_dim=16, mlp_dim=32, latent_dim=16, num_q=2, batch_size=16, num_samples=32,
-                          num_elites=4, num_pi_trajs=4, iterations=2, seed_steps=20)  # fmt: skip
+            kwargs.update(**TDMPC2_SMOKE, seed_steps=20)
         model = TDMPC2(env_id, action_repeat=2, seed=0, verbose=1, **kwargs)
     else:
         kwargs = dict(model_size="1m", n_envs=4)  # the paper uses "12m" and 16 envs
         if args.tiny:
-            kwargs.update(units=16, deter=32, hidden=16, classes=4, stoch=4, blocks=4, batch_size=2,
-                          batch_length=8, train_ratio=16, imag_horizon=3, n_envs=2)  # fmt: skip
+            kwargs.update(**DREAMERV3_SMOKE, n_envs=2)  # fmt: skip
         model = DreamerV3(env_id, action_repeat=2, seed=0, verbose=1, **kwargs)
     model.learn(frames // 2)
 

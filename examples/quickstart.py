@@ -17,9 +17,9 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
 
 from sb3_worldmodels import DreamerV3
+from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMERV3_SMOKE
 
-TINY = dict(units=16, deter=32, hidden=16, classes=4, stoch=4, blocks=4, batch_size=2, batch_length=8,
-            train_ratio=16, imag_horizon=3, n_envs=2)  # fmt: skip
+TINY = dict(**DREAMERV3_SMOKE, n_envs=2)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> float:

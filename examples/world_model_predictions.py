@@ -20,10 +20,10 @@ import gymnasium as gym
 import numpy as np
 
 from sb3_worldmodels import TDMPC2
+from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 
 TINY = dict(
-    model_size=1, enc_dim=16, mlp_dim=32, latent_dim=16, num_q=2, batch_size=16, num_samples=32,
-    num_elites=4, num_pi_trajs=4, iterations=2, seed_steps=50,
+    **TDMPC2_SMOKE, seed_steps=50,
 )  # fmt: skip
 
 

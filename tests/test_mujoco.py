@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from sb3_worldmodels import TDMPC2, DreamerV3
+from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMERV3_SMOKE
+from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 
 TINY_TDMPC2 = dict(
-    model_size=1, enc_dim=16, mlp_dim=32, latent_dim=16, num_q=2, batch_size=16, num_samples=32,
-    num_elites=4, num_pi_trajs=4, iterations=2, seed=0,
+    **TDMPC2_SMOKE, seed=0,
 )  # fmt: skip
 TINY_DREAMERV3 = dict(
-    model_size="1m", units=16, deter=32, hidden=16, classes=4, stoch=4, blocks=4, batch_size=2,
-    batch_length=8, train_ratio=16, imag_horizon=3, seed=0,
+    **DREAMERV3_SMOKE, seed=0,
 )  # fmt: skip
 
 

@@ -17,16 +17,18 @@ import zipfile
 import pytest
 import yaml
 
+from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMERV3_SMOKE
+from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 from sb3_worldmodels.zoo import HYPERPARAMS_DIR, samplers
 
-TINY_TDMPC2 = (
-    "model_size:1 enc_dim:16 mlp_dim:32 latent_dim:16 num_q:2 batch_size:16 num_samples:32 num_elites:4 "
-    "num_pi_trajs:4 iterations:2 seed_steps:20"
-).split()
-TINY_DREAMERV3 = (
-    "model_size:'1m' units:16 deter:32 hidden:16 classes:4 stoch:4 blocks:4 batch_size:2 batch_length:8 "
-    "train_ratio:16 imag_horizon:3"
-).split()
+
+def as_params(settings: dict) -> list[str]:
+    """Constructor settings as the zoo's ``-params key:value`` words."""
+    return [f"{key}:{value!r}" for key, value in settings.items()]
+
+
+TINY_TDMPC2 = as_params({**TDMPC2_SMOKE, "seed_steps": 20})
+TINY_DREAMERV3 = as_params(DREAMERV3_SMOKE)
 SHORT_PENDULUM = ["--env-kwargs", "max_episode_steps:40"]
 
 pytestmark = pytest.mark.skipif(shutil.which("rl_zoo3") is None, reason="rl_zoo3 is not installed")

@@ -145,6 +145,14 @@ class DreamerV3Config:
         return dataclasses.replace(self, **changes)
 
 
+SMOKE_SETTINGS: dict = dict(
+    model_size="1m", units=16, deter=32, hidden=16, classes=4, stoch=4, blocks=4, batch_size=2,
+    batch_length=8, train_ratio=16, imag_horizon=3,
+)  # fmt: skip
+"""Constructor arguments of the smallest DreamerV3 that runs every code path: for smoke runs of the
+examples, benchmarks and tests (seconds to compile and run; it learns nothing useful)."""
+
+
 def preset(model_size: str, **overrides) -> DreamerV3Config:
     """The config of a named model size, with explicit field overrides (None means keep)."""
     if model_size not in MODEL_SIZES:

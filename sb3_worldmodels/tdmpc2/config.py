@@ -117,6 +117,14 @@ def discount_from_episode_length(
     return float(min(max((frac - 1) / frac, lo), hi))
 
 
+SMOKE_SETTINGS: dict = dict(
+    model_size=1, enc_dim=16, mlp_dim=32, latent_dim=16, num_q=2, batch_size=16, num_samples=32,
+    num_elites=4, num_pi_trajs=4, iterations=2,
+)  # fmt: skip
+"""Constructor arguments of the smallest TD-MPC2 that runs every code path: for smoke runs of the
+examples, benchmarks and tests (seconds to compile and run; it learns nothing useful)."""
+
+
 def preset(model_size: int, **overrides) -> TDMPC2Config:
     """The config of a model size (1, 5, 19, 48 or 317), with explicit field overrides (None = keep)."""
     if model_size not in MODEL_SIZES:
