@@ -2,15 +2,18 @@
 seconds and agent steps per second (one plan and one update per agent step, as after the seed phase).
 
     python benchmarks/tdmpc2_speed.py --size 1 --size 5 --repeats 20
+    PYTHONPATH=/tmp/base python benchmarks/tdmpc2_speed.py --size 1 --impl sb3wm_base --impl sb3_worldmodels
 
-Each timing is a median over ``--repeats`` calls after compilation; plans and updates of the sizes
-are timed round-robin in one process, so a busy neighbour on the CPU affects every row alike.
-Prints one JSON line per size.
+Each timing is a median over ``--repeats`` calls after compilation; plans and updates of every
+(size, implementation) pair are timed round-robin in one process, so a busy neighbour on the CPU
+affects every row alike. ``--impl`` names a package with the layout of ``sb3_worldmodels`` (e.g. an
+older commit's copy, renamed, on PYTHONPATH) to compare side by side. Prints one JSON line per row.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import platform
 import resource
@@ -24,15 +27,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
-from sb3_worldmodels.common.xla import COMPILER_OPTIONS  # noqa: E402
-from sb3_worldmodels.tdmpc2 import agent as core  # noqa: E402
-from sb3_worldmodels.tdmpc2.config import preset  # noqa: E402
 
-act_jit = jax.jit(core.act, static_argnames=("config", "eval_mode"), compiler_options=COMPILER_OPTIONS)
-train_many_jit = jax.jit(core.train_many, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
-
-
-def build(size: int, obs_dim: int, action_dim: int) -> dict:
+def build(size: int, obs_dim: int, action_dim: int, impl: str = "sb3_worldmodels") -> dict:
+    core = importlib.import_module(f"{impl}.tdmpc2.agent")
+    preset = importlib.import_module(f"{impl}.tdmpc2.config").preset
+    options = importlib.import_module(f"{impl}.common.xla").COMPILER_OPTIONS
+    act_jit = jax.jit(core.act, static_argnames=("config", "eval_mode"), compiler_options=options)
+    train_many_jit = jax.jit(core.train_many, static_argnames=("config",), compiler_options=options)
     config = preset(size, obs_dim=obs_dim, action_dim=action_dim, discount=0.975)
     state = core.init_state(config, jax.random.PRNGKey(0))
     rng = np.random.default_rng(0)
@@ -56,6 +57,7 @@ def build(size: int, obs_dim: int, action_dim: int) -> dict:
     jax.block_until_ready(plan(state.params, obs, prev, first, key))
     state2 = jax.block_until_ready(update(state, batch))[0]
     return {
+        "impl": impl,
         "size": size,
         "config": config,
         "state": state2,
@@ -75,8 +77,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--obs-dim", type=int, default=3)
     parser.add_argument("--action-dim", type=int, default=1)
+    parser.add_argument("--impl", action="append", help="package to time (default sb3_worldmodels)")
     args = parser.parse_args()
-    builds = [build(size, args.obs_dim, args.action_dim) for size in args.size or [1, 5]]
+    builds = [
+        build(size, args.obs_dim, args.action_dim, impl)
+        for size in args.size or [1, 5]
+        for impl in args.impl or ["sb3_worldmodels"]
+    ]
     for _ in range(args.repeats):
         for b in builds:
             t = time.perf_counter()
@@ -91,6 +98,7 @@ def main() -> None:
         print(
             json.dumps(
                 {
+                    "impl": b["impl"],
                     "size": b["size"],
                     "params": int(sum(x.size for x in jax.tree_util.tree_leaves(b["state"].params))),
                     "plan_ms": round(plan_ms, 1),

@@ -36,10 +36,13 @@ def test_custom_env(agent):
     assert math.isfinite(custom_env.main(["--agent", agent, "--tiny"]))
 
 
-def test_world_model_predictions(tmp_path):
-    record = world_model_predictions.main(["--tiny", "--out", str(tmp_path)])
+@pytest.mark.parametrize("agent", ["tdmpc2", "dreamerv3"])
+def test_world_model_predictions(agent, tmp_path):
+    record = world_model_predictions.main(["--agent", agent, "--tiny", "--out", str(tmp_path)])
     assert len(record["real"]) == len(record["predicted"]) == 100
-    assert record["plans"] and all(len(rewards) == 3 for _, rewards in record["plans"])  # the horizon
+    # TD-MPC2: the plan's horizon; DreamerV3: 15 open-loop steps (fewer near the episode's end).
+    lengths = [len(rewards) for _, rewards in record["plans"]]
+    assert lengths and set(lengths) == ({3} if agent == "tdmpc2" else {15, 10})
     assert np.all(np.isfinite(record["predicted"])) and (tmp_path / "world_model_predictions.csv").exists()
 
 

@@ -36,10 +36,11 @@ pytestmark = pytest.mark.skipif(shutil.which("rl_zoo3") is None, reason="rl_zoo3
 
 @pytest.fixture(scope="module")
 def zoo_env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("jax_cache")
+    # The session's shared cache (tests/conftest.py) when there is one, else one for this module.
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(tmp_path_factory.mktemp("jax_cache"))
     env = dict(os.environ)
     env.update(
-        JAX_COMPILATION_CACHE_DIR=str(cache),
+        JAX_COMPILATION_CACHE_DIR=cache,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
         PYTHONWARNINGS="ignore",

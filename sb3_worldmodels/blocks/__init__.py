@@ -5,6 +5,7 @@
 - :mod:`~sb3_worldmodels.blocks.normalizers`: percentile return normaliser, EMA, RunningScale.
 - :mod:`~sb3_worldmodels.blocks.layers`: flax layers (fan-in init, RMSNorm, MLP, BlockLinear).
 - :mod:`~sb3_worldmodels.blocks.optim`: AGC + LaProp + warmup as optax transformations.
+- :mod:`~sb3_worldmodels.blocks.random`: cheap hashed Bernoulli masks for dropout.
 """
 
 from sb3_worldmodels.blocks.distributions import (
@@ -74,6 +75,7 @@ from sb3_worldmodels.blocks.optim import (
     scale_by_warmup,
     with_learning_rate,
 )
+from sb3_worldmodels.blocks.random import hash_bernoulli, mix32
 
 __all__ = [
     "MLP",
@@ -95,12 +97,14 @@ __all__ = [
     "free_nats",
     "get_act",
     "get_learning_rate",
+    "hash_bernoulli",
     "imagination_weight",
     "imagined_lambda_return",
     "lambda_return",
     "laprop",
     "layer_norm",
     "mish",
+    "mix32",
     "normal_entropy",
     "normal_head",
     "normal_log_prob",

@@ -46,6 +46,7 @@ from sb3_worldmodels.blocks.math import (
     imagination_weight,
     imagined_lambda_return,
     replay_lambda_return,
+    symexp,
     symexp_bins,
     twohot_log_prob,
     twohot_mean,
@@ -544,6 +545,59 @@ def _imagine(
     return _Imagined(*outs, last=features(deter, stoch))
 
 
+def predict_rollout(
+    config: DreamerV3Config, params: dict, deter: Array, stoch: Array, actions: Array
+) -> dict[str, Array]:
+    """What the world model expects along given actions, open loop from posterior states.
+
+    The reference's open-loop report for vector observations: the prior steps the latent with each
+    action in turn and its mode is taken (no sampling), then the decoder and heads read each state.
+
+    Args:
+        params: {"dyn", "dec", "rew", "con", "critic"} at least.
+        deter: (n, D) and stoch (n, S, C): posterior states, e.g. the carry after ``policy_step``.
+        actions: (n, T, A) agent actions (one-hot for discrete, [-1, 1] for continuous).
+
+    Returns:
+        "observation" (n, T, O) decoded observations (symexp of the decoder's output), "reward"
+        (n, T) the reward head's mean (the reward of each step), "continue" (n, T) the continue
+        head's probability, "value" (n,) the critic's mean at the last state, "deter" (n, T, D).
+    """
+    dyn = N.rssm_prepare(config, params["dyn"])
+    bins = _bins(config)
+    trunks = [
+        _trunk(params["dec"], "mlp", config.dec_layers),
+        _trunk(params["rew"], "h", config.rew_layers),
+        _trunk(params["con"], "h", config.con_layers),
+        _critic_trunk(config, params["critic"]),
+    ]
+
+    def step(carry: tuple[Array, Array, Array], action: Array) -> tuple[tuple, tuple]:
+        deter, blocks, stoch = carry
+        deter, blocks = N.rssm_core_blocks(config, dyn, deter, blocks, stoch, action)
+        stoch = onehot_mode(N.rssm_prior(config, dyn, deter))
+        dec_h, rew_h, con_h, critic_h = N.mlp_trunks(features(deter, stoch), trunks)
+        out = (
+            symexp(N.decode(params["dec"], dec_h)),
+            twohot_mean(N.head_out(params["rew"], rew_h), bins),
+            jax.nn.sigmoid(N.head_out(params["con"], con_h)[..., 0]),
+            twohot_mean(N.head_out(params["critic"], critic_h), bins),
+            deter,
+        )
+        return (deter, blocks, stoch), out
+
+    carry = (deter, N.to_blocks(config, deter), stoch)
+    _, (obs, reward, cont, value, deters) = jax.lax.scan(step, carry, jnp.swapaxes(actions, 0, 1))
+    major = functools.partial(jnp.swapaxes, axis1=0, axis2=1)
+    return {
+        "observation": major(obs),
+        "reward": major(reward),
+        "continue": major(cont),
+        "value": value[-1],
+        "deter": major(deters),
+    }
+
+
 def _batch_major(steps: Array, last: Array) -> Array:
     """(H, N, ...) and (N, ...) → (N, H+1, ...)."""
     return jnp.swapaxes(jnp.concatenate([steps, last[None]], 0), 0, 1)
@@ -855,6 +909,8 @@ train_step_jit = jax.jit(train_step, static_argnames=("config",), compiler_optio
 """Jitted :func:`train_step`; ``config`` is static."""
 train_many_jit = jax.jit(train_many, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
 """Jitted :func:`train_many`; ``config`` is static."""
+predict_rollout_jit = jax.jit(predict_rollout, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
+"""Jitted :func:`predict_rollout`; ``config`` is static."""
 
 
 @functools.cache

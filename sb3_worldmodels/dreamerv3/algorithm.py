@@ -450,3 +450,34 @@ class DreamerV3(WorldModelAlgorithm):
         if not vectorized:
             env_action = env_action[0]
         return env_action, new_state
+
+    def predict_rollout(self, state: tuple[np.ndarray, ...], actions: Any) -> dict[str, np.ndarray]:
+        """What the world model expects if ``actions`` are taken next, open loop (no sampling).
+
+        :param state: the state ``predict`` returned (deter, stoch, previous action), env axis first:
+            the model's belief after the last observation it was given.
+        :param actions: env actions with the env axis first, (n, T) for Discrete, (n, T, A) for Box;
+            the first one is typically the action ``predict`` returned.
+        :return: "observation" (n, T, O) predicted (flattened) observations, "reward" (n, T) the
+            reward of each step, "continue" (n, T) the probability that the episode goes on, "value"
+            (n,) the critic's estimate at the last state, "deter" (n, T, D) the model's states.
+        """
+        carry = core.Carry(*(np.asarray(s) for s in state))
+        n = carry.deter.shape[0]
+        actions = np.asarray(actions)
+        event = () if self.action_adapter.discrete else (self._config.action_dim,)
+        if actions.ndim != 2 + len(event) or actions.shape[0] != n or actions.shape[2:] != event:
+            raise ValueError(
+                f"actions have shape {actions.shape}, expected ({n}, T{''.join(f', {d}' for d in event)}) "
+                "(env axis first, as the state)."
+            )
+        steps = actions.shape[1]
+        agent_actions = self.action_adapter.from_env(actions.reshape(n * steps, *event))
+        out = core.predict_rollout_jit(
+            self._config,
+            self.policy.state["agent"].params,
+            jnp.asarray(carry.deter),
+            jnp.asarray(carry.stoch),
+            jnp.asarray(agent_actions.reshape(n, steps, -1)),
+        )
+        return {k: np.asarray(v) for k, v in out.items()}

@@ -25,6 +25,7 @@ import numpy as np
 
 from sb3_worldmodels.blocks.layers import mish, simnorm
 from sb3_worldmodels.blocks.math import symlog_twohot_mean
+from sb3_worldmodels.blocks.random import hash_bernoulli
 from sb3_worldmodels.tdmpc2.config import TDMPC2Config
 
 Array = jax.Array
@@ -47,9 +48,53 @@ def layer_norm(x: Array, scale: Array, bias: Array, eps: float = LN_EPS) -> Arra
     return (x - mean) * jax.lax.rsqrt(var + eps) * scale + bias
 
 
+@jax.custom_vjp
+def layer_norm_mish(y: Array, scale: Array, bias: Array) -> Array:
+    """mish(layer_norm(y)), the hidden-layer activation, with a hand-written backward pass.
+
+    y (..., F), scale and bias (F,) → (..., F). The backward pass recomputes the forward from y (one
+    saved array) and applies the closed forms of both derivatives; autodiff's version of the same
+    math is about a third more elementwise work, which on CPU is as costly as the matmuls of a
+    small layer. Gradients agree with autodiff to float32 rounding (tested).
+    """
+    return mish(layer_norm(y, scale, bias))
+
+
+def _ln_mish_parts(y: Array, scale: Array, bias: Array) -> tuple[Array, Array, Array, Array]:
+    centred = y - jnp.mean(y, -1, keepdims=True)
+    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(centred), -1, keepdims=True) + LN_EPS)
+    xhat = centred * rstd
+    u = xhat * scale + bias
+    return xhat, rstd, u, jnp.exp(jnp.minimum(u, 20.0))
+
+
+def _ln_mish_fwd(y: Array, scale: Array, bias: Array) -> tuple[Array, tuple[Array, Array, Array]]:
+    return mish(layer_norm(y, scale, bias)), (y, scale, bias)
+
+
+def _ln_mish_bwd(res: tuple[Array, Array, Array], g: Array) -> tuple[Array, Array, Array]:
+    y, scale, bias = res
+    xhat, rstd, u, e = _ln_mish_parts(y, scale, bias)
+    n = e * (e + 2.0)
+    inv = 1.0 / (n + 2.0)
+    # mish(u) = u·n/(n + 2), n = eᵘ(eᵘ + 2): mish'(u) = n/(n + 2) + u·4eᵘ(eᵘ + 1)/(n + 2)²; above 20
+    # the forward passes u through (e is clamped), so the second term is 0 there.
+    gu = g * (n * inv + jnp.where(u < 20.0, 4.0 * u * e * (e + 1.0) * inv * inv, 0.0))
+    lead = tuple(range(g.ndim - 1))
+    gx = gu * scale
+    dy = rstd * (gx - jnp.mean(gx, -1, keepdims=True) - xhat * jnp.mean(gx * xhat, -1, keepdims=True))
+    return dy, jnp.sum(gu * xhat, lead), jnp.sum(gu, lead)
+
+
+layer_norm_mish.defvjp(_ln_mish_fwd, _ln_mish_bwd)
+
+
 def dropout(x: Array, key: Array, rate: float) -> Array:
-    """Inverted dropout: zero each element with probability ``rate``, scale the rest by 1/(1 − rate)."""
-    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    """Inverted dropout: zero each element with probability ``rate``, scale the rest by 1/(1 − rate).
+
+    The mask comes from :func:`~sb3_worldmodels.blocks.random.hash_bernoulli` (cheap on CPU).
+    """
+    keep = hash_bernoulli(key, 1.0 - rate, x.shape)
     return jnp.where(keep, x / (1.0 - rate), 0.0)
 
 
@@ -60,6 +105,8 @@ def normed_linear(
     y = x @ p["kernel"] + p["bias"]
     if drop is not None:
         y = dropout(y, *drop)
+    if act is mish:
+        return layer_norm_mish(y, p["ln_scale"], p["ln_bias"])
     return act(layer_norm(y, p["ln_scale"], p["ln_bias"]))
 
 

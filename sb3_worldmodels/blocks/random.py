@@ -1,0 +1,42 @@
+"""Cheap random masks for dropout.
+
+``jax.random.bernoulli`` runs Threefry-2x32 (20 rounds) per pair of elements; XLA's CPU code for it
+takes about 18 ns per element on this project's 2-core machine, which made TD-MPC2's Q dropout (a
+few million draws per update and per plan) 13-16% of its update's time. Dropout masks need
+independent coin flips, not a cryptographic stream: :func:`hash_bernoulli` hashes each element's
+index with two rounds of a 32-bit integer mixer ("lowbias32", seeded by two words drawn from the
+key's Threefry stream), about 30 times cheaper. Masks of different keys are independent for all
+practical purposes (tested: rate, neighbours, cross-key agreement).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+def mix32(x: Array) -> Array:
+    """lowbias32 (Wellons): a bijective 32-bit mixer with low avalanche bias; uint32 → uint32."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * jnp.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def hash_bernoulli(key: Array, p: float, shape: tuple[int, ...]) -> Array:
+    """Boolean array of ``shape``, each element True with probability ``p`` (to 2⁻³² resolution).
+
+    Same contract as ``jax.random.bernoulli(key, p, shape)`` with a different stream; ``p`` is static.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"probability {p} is outside [0, 1]")
+    if p == 1.0:
+        return jnp.ones(shape, bool)
+    seed = jax.random.bits(key, (2,), jnp.uint32)
+    index = jax.lax.iota(jnp.uint32, int(np.prod(shape))).reshape(shape)
+    threshold = jnp.uint32(min(round(p * 2.0**32), 2**32 - 1))
+    return mix32(mix32(index ^ seed[0]) + seed[1]) < threshold

@@ -1,0 +1,44 @@
+"""Test-session set-up: one JAX persistent compilation cache shared by the whole run.
+
+Compilation dominates the suite (each configuration compiles its update and acting step for tens
+of seconds), and many test files build the same tiny configurations: the pytest-xdist workers and
+the ``rl_zoo3`` subprocesses all inherit ``JAX_COMPILATION_CACHE_DIR`` set here, so a computation
+compiled by one is loaded by the others. The cache is keyed by the compiled program itself, so a hit
+can only return the same executable. A run that sets ``JAX_COMPILATION_CACHE_DIR`` itself keeps it;
+``SB3WM_TEST_JAX_CACHE=0`` switches the shared cache off.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+
+import pytest
+
+_OWNED_CACHE: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: it inherited the controller's settings
+        return
+    if os.environ.get("SB3WM_TEST_JAX_CACHE") == "0" or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    cache = tempfile.mkdtemp(prefix="sb3wm-jax-cache-")
+    _OWNED_CACHE.append(cache)
+    os.environ.update(
+        JAX_COMPILATION_CACHE_DIR=cache,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
+    if "jax" in sys.modules:  # already imported (by a plugin): the variables above came too late
+        jax = sys.modules["jax"]
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for cache in _OWNED_CACHE:
+        shutil.rmtree(cache, ignore_errors=True)
