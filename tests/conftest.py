@@ -31,12 +31,16 @@ def pytest_configure(config: pytest.Config) -> None:
         JAX_COMPILATION_CACHE_DIR=cache,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        # A size limit turns on JAX's file lock around every read and write, so one process never
+        # reads an entry another is still writing (the lock uses filelock, which torch installs).
+        JAX_COMPILATION_CACHE_MAX_SIZE=str(8 * 2**30),
     )
     if "jax" in sys.modules:  # already imported (by a plugin): the variables above came too late
         jax = sys.modules["jax"]
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        jax.config.update("jax_compilation_cache_max_size", 8 * 2**30)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
