@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -29,7 +30,9 @@ def test_tdmpc2_refuses_hopper_terminations_without_episodic():
 @pytest.mark.slow
 @pytest.mark.parametrize("env_id", ["Hopper-v5", "Walker2d-v5", "HalfCheetah-v5"])
 def test_both_agents_run_the_mujoco_tasks(env_id):
-    tdmpc2 = TDMPC2(env_id, episodic=True, seed_steps=60, **TINY_TDMPC2)
+    # TD-MPC2 replays finished episodes only: 100-step episodes, so that 300 steps end some of them.
+    env = gym.make(env_id, max_episode_steps=100)
+    tdmpc2 = TDMPC2("MlpPolicy", env, episodic=True, seed_steps=60, **TINY_TDMPC2)
     tdmpc2.learn(300)
     assert tdmpc2._n_updates > 0
     dreamer = DreamerV3(env_id, n_envs=2, **TINY_DREAMERV3)
