@@ -32,7 +32,7 @@ def pytest_configure(config: pytest.Config) -> None:
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
         # A size limit turns on JAX's file lock around every read and write, so one process never
-        # reads an entry another is still writing (the lock uses filelock, which torch installs).
+        # reads an entry another is still writing (the lock uses filelock, a test dependency).
         JAX_COMPILATION_CACHE_MAX_SIZE=str(8 * 2**30),
     )
     if "jax" in sys.modules:  # already imported (by a plugin): the variables above came too late
