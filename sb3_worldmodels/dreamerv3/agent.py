@@ -297,6 +297,16 @@ def _critic_trunk(config: DreamerV3Config, p: dict) -> tuple[dict, str, int]:
     return (p, "h", config.critic_layers)
 
 
+def _state_head_trunks(config: DreamerV3Config, params: dict) -> list[tuple[dict, str, int]]:
+    """The trunks that read a model state: decoder, reward, continue, critic (for :func:`N.mlp_trunks`)."""
+    return [
+        _trunk(params["dec"], "mlp", config.dec_layers),
+        _trunk(params["rew"], "h", config.rew_layers),
+        _trunk(params["con"], "h", config.con_layers),
+        _critic_trunk(config, params["critic"]),
+    ]
+
+
 def _actor(config: DreamerV3Config, actor: dict, feat: Array) -> tuple[Array, Array | None]:
     (hidden,) = N.mlp_trunks(feat, [_actor_trunk(config, actor)])
     return actor_dist(config, *N.actor_out(actor, hidden))
@@ -550,8 +560,9 @@ def predict_rollout(
 ) -> dict[str, Array]:
     """What the world model expects along given actions, open loop from posterior states.
 
-    The reference's open-loop report for vector observations: the prior steps the latent with each
-    action in turn and its mode is taken (no sampling), then the decoder and heads read each state.
+    Like the reference's open-loop report (reporting only, no part of training): the prior steps the
+    latent with each action in turn, then the decoder and heads read each state. Here the prior's
+    mode is taken (no sampling), so a prediction is a function of its inputs (deviations D20).
 
     Args:
         params: {"dyn", "dec", "rew", "con", "critic"} at least.
@@ -565,12 +576,7 @@ def predict_rollout(
     """
     dyn = N.rssm_prepare(config, params["dyn"])
     bins = _bins(config)
-    trunks = [
-        _trunk(params["dec"], "mlp", config.dec_layers),
-        _trunk(params["rew"], "h", config.rew_layers),
-        _trunk(params["con"], "h", config.con_layers),
-        _critic_trunk(config, params["critic"]),
-    ]
+    trunks = _state_head_trunks(config, params)
 
     def step(carry: tuple[Array, Array, Array], action: Array) -> tuple[tuple, tuple]:
         deter, blocks, stoch = carry
@@ -656,15 +662,7 @@ def loss_fn(
     deter, stoch, post = _observe(config, params["dyn"], start, prev_action, embed, is_first, noise.post)
     prior = N.rssm_prior(config, params["dyn"], deter)
     feat = features(deter, stoch)
-    dec_h, rew_h, con_h, critic_h = N.mlp_trunks(
-        feat,
-        [
-            _trunk(params["dec"], "mlp", config.dec_layers),
-            _trunk(params["rew"], "h", config.rew_layers),
-            _trunk(params["con"], "h", config.con_layers),
-            _critic_trunk(config, params["critic"]),
-        ],
-    )
+    dec_h, rew_h, con_h, critic_h = N.mlp_trunks(feat, _state_head_trunks(config, params))
     dec_out = N.decode(params["dec"], dec_h)
     rew_logits = N.head_out(params["rew"], rew_h)
     con_logits = N.head_out(params["con"], con_h)[..., 0]

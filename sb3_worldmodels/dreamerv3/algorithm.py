@@ -462,22 +462,22 @@ class DreamerV3(WorldModelAlgorithm):
             reward of each step, "continue" (n, T) the probability that the episode goes on, "value"
             (n,) the critic's estimate at the last state, "deter" (n, T, D) the model's states.
         """
-        carry = core.Carry(*(np.asarray(s) for s in state))
-        n = carry.deter.shape[0]
+        deter, stoch = np.asarray(state[0]), np.asarray(state[1])
+        n = deter.shape[0]
         actions = np.asarray(actions)
         event = () if self.action_adapter.discrete else (self._config.action_dim,)
         if actions.ndim != 2 + len(event) or actions.shape[0] != n or actions.shape[2:] != event:
+            expected = ", ".join(map(str, (n, "T", *event)))
             raise ValueError(
-                f"actions have shape {actions.shape}, expected ({n}, T{''.join(f', {d}' for d in event)}) "
-                "(env axis first, as the state)."
+                f"actions have shape {actions.shape}, expected ({expected}) (env axis first, as the state)."
             )
         steps = actions.shape[1]
         agent_actions = self.action_adapter.from_env(actions.reshape(n * steps, *event))
         out = core.predict_rollout_jit(
             self._config,
             self.policy.state["agent"].params,
-            jnp.asarray(carry.deter),
-            jnp.asarray(carry.stoch),
+            jnp.asarray(deter),
+            jnp.asarray(stoch),
             jnp.asarray(agent_actions.reshape(n, steps, -1)),
         )
         return {k: np.asarray(v) for k, v in out.items()}

@@ -60,26 +60,22 @@ def layer_norm_mish(y: Array, scale: Array, bias: Array) -> Array:
     return mish(layer_norm(y, scale, bias))
 
 
-def _ln_mish_parts(y: Array, scale: Array, bias: Array) -> tuple[Array, Array, Array, Array]:
-    centred = y - jnp.mean(y, -1, keepdims=True)
-    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(centred), -1, keepdims=True) + LN_EPS)
-    xhat = centred * rstd
-    u = xhat * scale + bias
-    return xhat, rstd, u, jnp.exp(jnp.minimum(u, 20.0))
-
-
 def _ln_mish_fwd(y: Array, scale: Array, bias: Array) -> tuple[Array, tuple[Array, Array, Array]]:
     return mish(layer_norm(y, scale, bias)), (y, scale, bias)
 
 
 def _ln_mish_bwd(res: tuple[Array, Array, Array], g: Array) -> tuple[Array, Array, Array]:
     y, scale, bias = res
-    xhat, rstd, u, e = _ln_mish_parts(y, scale, bias)
+    centred = y - jnp.mean(y, -1, keepdims=True)
+    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(centred), -1, keepdims=True) + LN_EPS)
+    xhat = centred * rstd
+    u = xhat * scale + bias
+    e = jnp.exp(jnp.minimum(u, 20.0))
     n = e * (e + 2.0)
     inv = 1.0 / (n + 2.0)
     # mish(u) = u·n/(n + 2), n = eᵘ(eᵘ + 2): mish'(u) = n/(n + 2) + u·4eᵘ(eᵘ + 1)/(n + 2)²; above 20
-    # the forward passes u through (e is clamped), so the second term is 0 there.
-    gu = g * (n * inv + jnp.where(u < 20.0, 4.0 * u * e * (e + 1.0) * inv * inv, 0.0))
+    # the forward passes u through (blocks.layers.mish), so the second term is 0 there.
+    gu = g * (n * inv + jnp.where(u > 20.0, 0.0, 4.0 * u * e * (e + 1.0) * inv * inv))
     lead = tuple(range(g.ndim - 1))
     gx = gu * scale
     dy = rstd * (gx - jnp.mean(gx, -1, keepdims=True) - xhat * jnp.mean(gx * xhat, -1, keepdims=True))
