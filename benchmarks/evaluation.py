@@ -1,4 +1,5 @@
-"""What the learning benchmarks share: periodic evaluation on fresh episodes, and run records."""
+"""What the learning benchmarks share: periodic evaluation on fresh episodes, runs split into
+checkpointed segments (so a long check can span several processes), and run records."""
 
 from __future__ import annotations
 
@@ -7,10 +8,25 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.logger import Logger
+
+
+def record_finished_episodes(
+    local_vars: dict, episodes: list[dict], x_key: str, steps: int, action_repeat: int
+) -> None:
+    """Append every training episode that ended in this step (SB3's Monitor info, exploration on)."""
+    for info in local_vars.get("infos", []):
+        if "episode" in info:
+            episodes.append(
+                {x_key: steps, "frames": steps * action_repeat, "return": float(info["episode"]["r"])}
+            )
 
 
 class EvalEvery(BaseCallback):
@@ -65,19 +81,125 @@ class EvalEvery(BaseCallback):
             self.evaluate()
 
     def _on_step(self) -> bool:
-        for info in self.locals.get("infos", []):
-            if "episode" in info:  # Monitor: a training episode ended (exploration on)
-                self.train_curve.append(
-                    {
-                        self.x_key: self.num_timesteps,
-                        "frames": self.num_timesteps * self.action_repeat,
-                        "return": float(info["episode"]["r"]),
-                    }
-                )
+        record_finished_episodes(
+            self.locals, self.train_curve, self.x_key, self.num_timesteps, self.action_repeat
+        )
         if self.every and self.num_timesteps >= self.next_at:
             self.next_at += self.every
             self.evaluate()
         return True
+
+
+class TrainEpisodes(BaseCallback):
+    """Records every finished training episode (SB3's Monitor info) into ``episodes``."""
+
+    def __init__(self, episodes: list[dict], x_key: str, action_repeat: int) -> None:
+        super().__init__()
+        self.episodes, self.x_key, self.action_repeat = episodes, x_key, action_repeat
+
+    def _on_step(self) -> bool:
+        record_finished_episodes(
+            self.locals, self.episodes, self.x_key, self.num_timesteps, self.action_repeat
+        )
+        return True
+
+
+def learn_in_segments(
+    make_model: Callable[[], BaseAlgorithm],
+    total: int,
+    evaluate: Callable[[BaseAlgorithm, int], list[float]],
+    eval_every: int,
+    checkpoint_every: int,
+    checkpoint: Path | None = None,
+    x_key: str = "steps",
+    action_repeat: int = 1,
+    stop_after_seconds: float | None = None,
+    logger: Callable[[int], Logger] | None = None,
+) -> tuple[BaseAlgorithm, dict]:
+    """Train to ``total`` counted steps, evaluating every ``eval_every`` (0: only at the end) and,
+    when ``checkpoint`` is a folder, saving model, replay and curves there every ``checkpoint_every``
+    steps; a later call with the same folder resumes from the last checkpoint.
+
+    A resumed run continues the model, its schedules, replay and RNG exactly; only the episodes that
+    were running when the process stopped are cut (the envs restart, as after a crash). Each
+    evaluation runs ``evaluate(model, index)`` (fresh episodes, seeded by the index) and records the
+    mean return, the recent training returns, the update count and the wall-clock seconds summed over
+    the processes. Stops after the first segment that ends past ``stop_after_seconds`` of this process.
+    ``logger(steps)``, if given, makes the SB3 logger of the process that starts at ``steps``.
+
+    :return: the model and the record {"curve", "train_curve", "seconds", "resumed_at", "done"}.
+    """
+    model = make_model()
+    record: dict = {"curve": [], "train_curve": [], "seconds": 0.0, "resumed_at": [], "done": False}
+    progress = checkpoint / "progress.json" if checkpoint else None
+    if progress is not None and progress.exists():
+        record = json.loads(progress.read_text())
+        model = type(model).load(checkpoint / "model.zip", env=model.get_env())
+        if model.num_timesteps != record["num_timesteps"]:
+            raise RuntimeError(
+                f"{checkpoint}: the model holds {model.num_timesteps} steps but progress.json says "
+                f"{record['num_timesteps']}; the checkpoint is inconsistent, remove the folder to restart."
+            )
+        model.load_replay_buffer(checkpoint / "replay.pkl")
+        record["resumed_at"].append(model.num_timesteps)
+        print(json.dumps({"resumed_at": model.num_timesteps}), flush=True)
+    if logger is not None:
+        model.set_logger(logger(model.num_timesteps))
+    recorder = TrainEpisodes(record["train_curve"], x_key, action_repeat)
+    start, seconds_before = time.time(), record["seconds"]
+
+    def next_multiple(every: int) -> int:
+        return (model.num_timesteps // every + 1) * every if every else total
+
+    while model.num_timesteps < total:
+        target = min(total, next_multiple(eval_every), next_multiple(checkpoint_every if checkpoint else 0))
+        fresh = model.num_timesteps == 0
+        model.learn(target - model.num_timesteps, callback=recorder, reset_num_timesteps=fresh)
+        record["seconds"] = round(seconds_before + time.time() - start, 1)
+        at_eval = eval_every and model.num_timesteps >= (len(record["curve"]) + 1) * eval_every
+        if at_eval or model.num_timesteps >= total:
+            returns = evaluate(model, len(record["curve"]))
+            recent = [e["return"] for e in record["train_curve"][-len(returns) :]]
+            point = {
+                x_key: model.num_timesteps,
+                "frames": model.num_timesteps * action_repeat,
+                "eval_mean": float(np.mean(returns)),
+                "eval_returns": [float(r) for r in returns],
+                "train_mean": float(np.mean(recent)) if recent else None,
+                "updates": int(model._n_updates),
+                "seconds": round(seconds_before + time.time() - start, 1),
+            }
+            record["curve"].append(point)
+            print(json.dumps({k: v for k, v in point.items() if k != "eval_returns"}), flush=True)
+        record["done"] = model.num_timesteps >= total
+        if checkpoint is not None:
+            checkpoint.mkdir(parents=True, exist_ok=True)
+            model.save(checkpoint / "model.zip")
+            model.save_replay_buffer(checkpoint / "replay.pkl")
+            record["num_timesteps"] = model.num_timesteps
+            tmp = progress.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, progress)
+        if stop_after_seconds is not None and time.time() - start > stop_after_seconds:
+            break
+    return model, record
+
+
+def evaluate_fresh(
+    make_env: Callable[[int], Any], seed: int, episodes: int, deterministic: bool
+) -> Callable[[BaseAlgorithm, int], list[float]]:
+    """``evaluate(model, index)``: ``episodes`` episodes on ``make_env(seed)`` with seed
+    ``10_000 + 1_000 * seed + index`` (each evaluation its own fresh, reproducible episodes)."""
+
+    def evaluate(model: BaseAlgorithm, index: int) -> list[float]:
+        env = make_env(10_000 + 1_000 * seed + index)
+        rewards, _ = evaluate_policy(
+            model, env, n_eval_episodes=episodes, deterministic=deterministic, return_episode_rewards=True
+        )
+        env.close()
+        return [float(r) for r in rewards]
+
+    return evaluate
 
 
 def run_record() -> dict:

@@ -8,19 +8,22 @@ Acceptance (written before any run): Pendulum-v1, final evaluation (10 episodes,
 (seed library: -143 and -124); cartpole-balance, final evaluation >= 800 (seed library: 810 and 854).
 An evaluation of 10 deterministic episodes runs every ``--eval-every`` agent steps (default 1,000; each
 costs as many plans as its episodes have steps) and at the end; the returns of the training episodes
-are recorded too. Writes the curve to
-benchmarks/results/tdmpc2_<task>_seed<seed>.json.
+are recorded too. The run is checkpointed every 1,000 agent steps (model, replay, curves) in
+benchmarks/results/checkpoints/tdmpc2_<task>_seed<seed>/ and the same command resumes from there
+(``--stop-after-hours`` ends a process cleanly); train/* statistics go to progress.csv files in that
+folder. Writes the curve to benchmarks/results/tdmpc2_<task>_seed<seed>.json (``"done": false``
+until the last step).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
-from evaluation import EvalEvery, run_record
+from evaluation import evaluate_fresh, learn_in_segments, run_record
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.logger import configure
 
 from sb3_worldmodels import TDMPC2, ActionRepeat
 
@@ -34,6 +37,8 @@ TASKS = {
         episode_length=1000,
     ),
 }
+CHECKPOINT_EVERY = 1_000
+RESULTS = Path(__file__).parent / "results"
 
 
 def main() -> None:
@@ -45,10 +50,16 @@ def main() -> None:
     parser.add_argument(
         "--eval-every", type=int, default=1_000, help="agent steps between evaluations (0: only at the end)"
     )
+    parser.add_argument(
+        "--checkpoint", type=Path, default=None, help="checkpoint folder (default: see above)"
+    )
+    parser.add_argument("--stop-after-hours", type=float, default=None)
     args = parser.parse_args()
     task = TASKS[args.task]
     steps = args.steps or task["steps"]
     repeat = task["action_repeat"]
+    name = f"tdmpc2_{args.task}_seed{args.seed}"
+    checkpoint = args.checkpoint or RESULTS / "checkpoints" / name
 
     def make_env(seed: int = 0):
         if task["env"].startswith("dm_control/"):
@@ -56,36 +67,46 @@ def main() -> None:
         wrapper = {"wrapper_class": ActionRepeat, "wrapper_kwargs": {"repeat": repeat}} if repeat > 1 else {}
         return make_vec_env(task["env"], n_envs=1, seed=seed, **wrapper)
 
-    model = TDMPC2(
-        "MlpPolicy",
-        make_env(args.seed),
-        model_size=args.model_size,
+    def make_model() -> TDMPC2:
+        return TDMPC2(
+            "MlpPolicy",
+            make_env(args.seed),
+            model_size=args.model_size,
+            action_repeat=repeat,
+            episode_length=task["episode_length"],
+            seed=args.seed,
+        )
+
+    stop = None if args.stop_after_hours is None else 3600 * args.stop_after_hours
+    model, record = learn_in_segments(
+        make_model,
+        steps,
+        evaluate_fresh(make_env, args.seed, 10, deterministic=True),
+        eval_every=args.eval_every,
+        checkpoint_every=CHECKPOINT_EVERY,
+        checkpoint=checkpoint,
         action_repeat=repeat,
-        episode_length=task["episode_length"],
-        seed=args.seed,
+        stop_after_seconds=stop,
+        logger=lambda start: configure(str(checkpoint / f"log_from_{start}"), ["csv"]),
     )
-    callback = EvalEvery(
-        lambda: make_env(10_000 + args.seed), args.eval_every, 10, deterministic=True, action_repeat=repeat
-    )
-    start = time.time()
-    model.learn(steps, callback=callback)
-    callback.finish()
-    score = callback.curve[-1]["eval_mean"]
+    score = record["curve"][-1]["eval_mean"]
     result = {
         "task": args.task,
         "seed": args.seed,
         "steps": model.num_timesteps,
+        "done": record["done"],
         "updates": model._n_updates,
-        "wall_seconds": round(time.time() - start, 1),
+        "wall_seconds": record["seconds"],
+        "resumed_at": record["resumed_at"],
         "score": score,
         "threshold": task["threshold"],
-        "passed": score >= task["threshold"],
+        "passed": bool(record["done"] and score >= task["threshold"]),
         "settings": {"model_size": args.model_size, "action_repeat": repeat, "seed_steps": model.seed_steps},
         **run_record(),
-        "curve": callback.curve,
-        "train_curve": callback.train_curve,
+        "curve": record["curve"],
+        "train_curve": record["train_curve"],
     }
-    out = Path(__file__).parent / "results" / f"tdmpc2_{args.task}_seed{args.seed}.json"
+    out = RESULTS / f"{name}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k not in ("curve", "train_curve")}))
