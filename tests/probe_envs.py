@@ -153,3 +153,33 @@ class DelayedChoiceEnv(gym.Env):
             return self._obs(), 0.0, False, False, {}
         self.t = 2
         return self._obs(), 1.0 if self.branch == 1 else 0.3, True, False, {}
+
+
+class ScriptedEpisodesEnv(gym.Env):
+    """Episodes that say who they are: obs = (episode index k, step t), the step into obs t pays
+    10·k + t. Episode k lasts 2 + k % 3 steps and ends by termination when k is even, by truncation
+    when k is odd (for checking how episodes are recorded)."""
+
+    observation_space = spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self.k, self.t = -1, 0
+
+    @staticmethod
+    def length(k: int) -> int:
+        return 2 + k % 3
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.k, self.t], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.k, self.t = self.k + 1, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        end = self.t >= self.length(self.k)
+        even = self.k % 2 == 0
+        return self._obs(), float(10 * self.k + self.t), end and even, end and not even, {}

@@ -29,7 +29,9 @@ def make_eval_env(seed: int) -> gym.Env:
 
 def test_a_checkpointed_run_resumes_where_it_stopped(tmp_path):
     evaluate = evaluate_fresh(make_eval_env, seed=3, episodes=2, deterministic=False)
-    run = dict(total=240, evaluate=evaluate, eval_every=80, checkpoint_every=80, checkpoint=tmp_path, x_key="rows")
+    run = dict(
+        total=240, evaluate=evaluate, eval_every=80, checkpoint_every=80, checkpoint=tmp_path, x_key="rows"
+    )
     first, record = learn_in_segments(make_model, stop_after_seconds=0.0, **run)  # one segment, then stop
     assert not record["done"] and [p["rows"] for p in record["curve"]] == [first.num_timesteps]
     assert 80 <= first.num_timesteps < 90 and first._n_updates > 0

@@ -8,6 +8,7 @@ import zipfile
 
 import gymnasium as gym
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from stable_baselines3 import SAC
@@ -27,7 +28,8 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNorm
 from sb3_worldmodels import DreamerV3, WorldModelCallback
 from sb3_worldmodels.common.boundary import UnsupportedSpaceError
 from sb3_worldmodels.dreamerv3 import agent as core
-from tests.probe_envs import ChainEnv, DictObsEnv, ImageEnv, NaNEnv
+from sb3_worldmodels.dreamerv3 import networks as N
+from tests.probe_envs import ChainEnv, DictObsEnv, ImageEnv, NaNEnv, ScriptedEpisodesEnv
 
 # One tiny configuration for the whole module, so the jitted functions compile once.
 TINY = dict(
@@ -261,6 +263,48 @@ def test_save_load_predict_identical(tmp_path):
     assert loaded.num_timesteps == model.num_timesteps
     params = loaded.get_parameters()
     loaded.set_parameters(params)
+
+
+def test_replay_rows_follow_the_reference_driver():
+    """Spec §13.1: one row per observation, the reset row first (reward 0, is_first), the episode's
+    last row with the terminal observation, its reward, is_last, is_terminal only for a termination
+    and a zero action; every other row stores the one-hot action taken after its observation, and
+    the policy's latents, which the GRU continues from with the stored action (the replay context)."""
+    model = tiny(make_vec_env(ScriptedEpisodesEnv, n_envs=2), n_envs=None, batch_length=64)
+    model.learn(60)  # no window of 65 rows yet: no training, the policy stays fixed
+    assert model._n_updates == 0
+    buf = model.replay_buffer
+    assert buf.rows_added_per_env.sum() == model.num_timesteps
+    cfg = model._config
+    dyn = N.rssm_prepare(cfg, core.policy_params(model.policy.state["agent"])["dyn"])
+    for env in range(2):
+        rows = buf.read_rows(env, np.arange(buf.rows_added_per_env[env]))
+        expected, k = [], 0
+        while len(expected) < len(rows["obs"]):
+            n = ScriptedEpisodesEnv.length(k)
+            for t in range(n + 1):
+                last = t == n
+                expected.append((k, t, 10 * k + t if t else 0, t == 0, last, last and k % 2 == 0))
+            k += 1
+        expected = np.array(expected[: len(rows["obs"])], np.float32)
+        np.testing.assert_array_equal(rows["obs"], expected[:, :2])
+        np.testing.assert_array_equal(rows["reward"], expected[:, 2])
+        for i, name in enumerate(("is_first", "is_last", "is_terminal"), start=3):
+            np.testing.assert_array_equal(rows[name], expected[:, i].astype(bool), err_msg=name)
+        last = rows["is_last"]
+        assert not rows["action"][last].any()  # zeroed on the episode's last row
+        np.testing.assert_array_equal(rows["action"][~last].sum(-1), 1.0)  # one-hot elsewhere
+        # Each non-first, non-last row's deter is the GRU step from the previous row's stored latent
+        # and stored action: exactly what training's replay context relies on (§11).
+        for i in np.flatnonzero(~rows["is_first"] & ~last)[:6]:
+            deter = N.rssm_core(
+                cfg,
+                dyn,
+                jnp.asarray(rows["deter"][i - 1 : i]),
+                jax.nn.one_hot(rows["stoch"][i - 1 : i], cfg.classes),
+                jnp.asarray(rows["action"][i - 1 : i]),
+            )
+            np.testing.assert_allclose(np.asarray(deter)[0], rows["deter"][i], rtol=1e-5, atol=1e-6)
 
 
 def test_split_run_equals_whole_run(tmp_path):
