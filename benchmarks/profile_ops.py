@@ -1,13 +1,15 @@
-"""Where a TD-MPC2 update or plan spends its time: an XLA trace grouped by the JAX operation that
+"""Where an update or a plan spends its time: an XLA trace grouped by the JAX operation that
 produced each op (forward or backward), plus the slowest single ops with their shapes.
 
-    python benchmarks/profile_tdmpc2.py --what update --size 1
-    python benchmarks/profile_tdmpc2.py --what plan --size 1 --top 30
+    python benchmarks/profile_ops.py --agent tdmpc2 --what update --size 1
+    python benchmarks/profile_ops.py --agent tdmpc2 --what plan --size 1 --top 30
+    python benchmarks/profile_ops.py --agent dreamerv3 --what update        # "1m", 16x64
 
-Pendulum-v1 shapes (obs 3, action 1). The trace is written with ``jax.profiler`` (Perfetto JSON)
-under ``--trace-dir`` and summed over ``--calls`` calls; times are per call. Op names are XLA's
-(``dot.12``, ``*_fusion.3``); a fusion is charged to the JAX operation of its root, so elementwise
-work fused into a transpose shows up as "transpose".
+TD-MPC2 on Pendulum-v1 shapes (obs 3, action 1); DreamerV3 on CartPole-like shapes (obs 4,
+Discrete 2) with the replay windows of ``profile_update.py``. The trace is written with
+``jax.profiler`` (Perfetto JSON) under ``--trace-dir`` and summed over ``--calls`` calls; times are
+per call. Op names are XLA's (``dot.12``, ``*_fusion.3``); a fusion is charged to the JAX operation
+of its root, so elementwise work fused into a transpose shows up as "transpose".
 """
 
 from __future__ import annotations
@@ -27,12 +29,27 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # profile_update
 
 from sb3_worldmodels.common.xla import COMPILER_OPTIONS  # noqa: E402
 from sb3_worldmodels.tdmpc2 import agent as core  # noqa: E402
 from sb3_worldmodels.tdmpc2.config import preset  # noqa: E402
 
 RUNTIME_EVENTS = ("Execute", "Pjit", "ParseArguments", "CreateOutputs", "Allocate", "Handle inputs")
+
+
+def make_dreamerv3_update():
+    from profile_update import make_batches
+
+    from sb3_worldmodels.dreamerv3 import agent as dreamer
+    from sb3_worldmodels.dreamerv3.config import preset as dreamer_preset
+
+    config = dreamer_preset("1m", obs_dim=4, action_dim=2, discrete=True, batch_size=16, batch_length=64)
+    state = dreamer.init_state(config, jax.random.PRNGKey(0))
+    batches = make_batches(config, 1)
+    fn = jax.jit(dreamer.train_many, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
+    compiled = fn.lower(config, state, batches).compile()
+    return compiled, lambda: compiled(state, batches)[0].params
 
 
 def make_call(what: str, size: int):
@@ -80,13 +97,16 @@ def group(op_name: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--agent", choices=["tdmpc2", "dreamerv3"], default="tdmpc2")
     parser.add_argument("--what", choices=["update", "plan"], default="update")
     parser.add_argument("--size", type=int, default=1)
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--trace-dir", type=Path, default=Path("/tmp/sb3wm_profile"))
     args = parser.parse_args()
-    compiled, call = make_call(args.what, args.size)
+    if args.agent == "dreamerv3" and args.what != "update":
+        parser.error("--agent dreamerv3 profiles the update only")
+    compiled, call = make_dreamerv3_update() if args.agent == "dreamerv3" else make_call(args.what, args.size)
     for _ in range(2):
         jax.block_until_ready(call())
     times = []
@@ -94,7 +114,10 @@ def main() -> None:
         start = time.perf_counter()
         jax.block_until_ready(call())
         times.append(time.perf_counter() - start)
-    print(f"{args.what} size {args.size}: median {np.median(times) * 1e3:.1f} ms over 5 calls (untraced)")
+    print(
+        f"{args.agent} {args.what} size {args.size}: "
+        f"median {np.median(times) * 1e3:.1f} ms over 5 calls (untraced)"
+    )
 
     shutil.rmtree(args.trace_dir, ignore_errors=True)
     with jax.profiler.trace(str(args.trace_dir), create_perfetto_trace=True):
