@@ -120,7 +120,8 @@ def learn_in_segments(
     when ``checkpoint`` is a folder, saving model, replay and curves there every ``checkpoint_every``
     steps; a later call with the same folder resumes from the last checkpoint.
 
-    A resumed run continues the model, its schedules, replay and RNG exactly; only the episodes that
+    A checkpoint is complete at every moment (new files are written before ``progress.json`` points
+    at them). A resumed run continues the model, its schedules, replay and RNG exactly; only the episodes that
     were running when the process stopped are cut (the envs restart, as after a crash). Each
     evaluation runs ``evaluate(model, index)`` (fresh episodes, seeded by the index) and records the
     mean return, the recent training returns, the update count and the wall-clock seconds summed over
@@ -134,13 +135,14 @@ def learn_in_segments(
     progress = checkpoint / "progress.json" if checkpoint else None
     if progress is not None and progress.exists():
         record = json.loads(progress.read_text())
-        model = type(model).load(checkpoint / "model.zip", env=model.get_env())
+        files = record.get("files", {"model": "model.zip", "replay": "replay.pkl"})
+        model = type(model).load(checkpoint / files["model"], env=model.get_env())
         if model.num_timesteps != record["num_timesteps"]:
             raise RuntimeError(
                 f"{checkpoint}: the model holds {model.num_timesteps} steps but progress.json says "
                 f"{record['num_timesteps']}; the checkpoint is inconsistent, remove the folder to restart."
             )
-        model.load_replay_buffer(checkpoint / "replay.pkl")
+        model.load_replay_buffer(checkpoint / files["replay"])
         record["resumed_at"].append(model.num_timesteps)
         print(json.dumps({"resumed_at": model.num_timesteps}), flush=True)
     if logger is not None:
@@ -173,13 +175,23 @@ def learn_in_segments(
             print(json.dumps({k: v for k, v in point.items() if k != "eval_returns"}), flush=True)
         record["done"] = model.num_timesteps >= total
         if checkpoint is not None:
+            # New files first, then progress.json (renamed into place) points at them, then the old
+            # ones go: a process killed at any moment leaves a complete checkpoint behind.
             checkpoint.mkdir(parents=True, exist_ok=True)
-            model.save(checkpoint / "model.zip")
-            model.save_replay_buffer(checkpoint / "replay.pkl")
-            record["num_timesteps"] = model.num_timesteps
+            previous = record.get("files")
+            files = {
+                "model": f"model_{model.num_timesteps}.zip",
+                "replay": f"replay_{model.num_timesteps}.pkl",
+            }
+            model.save(checkpoint / files["model"])
+            model.save_replay_buffer(checkpoint / files["replay"])
+            record.update(num_timesteps=model.num_timesteps, files=files)
             tmp = progress.with_suffix(".tmp")
             tmp.write_text(json.dumps(record))
             os.replace(tmp, progress)
+            for name in (previous or {"model": "model.zip", "replay": "replay.pkl"}).values():
+                if name not in files.values():
+                    (checkpoint / name).unlink(missing_ok=True)
         if stop_after_seconds is not None and time.time() - start > stop_after_seconds:
             break
     return model, record

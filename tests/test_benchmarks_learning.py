@@ -37,6 +37,7 @@ def test_a_checkpointed_run_resumes_where_it_stopped(tmp_path):
     assert 80 <= first.num_timesteps < 90 and first._n_updates > 0
     saved = json.loads((tmp_path / "progress.json").read_text())
     assert saved["num_timesteps"] == first.num_timesteps and saved["curve"] == record["curve"]
+    assert sorted(p.name for p in tmp_path.glob("*_*")) == sorted(saved["files"].values())
 
     model, record = learn_in_segments(make_model, **run)  # a new "process": resumes from the checkpoint
     assert record["done"] and record["resumed_at"] == [first.num_timesteps]
@@ -47,3 +48,5 @@ def test_a_checkpointed_run_resumes_where_it_stopped(tmp_path):
     # The replay was restored: its streams hold the rows of both processes (nothing restarted at 0).
     assert model.replay_buffer.rows_added_per_env.sum() == model.num_timesteps
     assert all(len(p["eval_returns"]) == 2 and p["seconds"] > 0 for p in record["curve"])
+    saved = json.loads((tmp_path / "progress.json").read_text())  # only the last checkpoint is kept
+    assert sorted(p.name for p in tmp_path.glob("*_*")) == sorted(saved["files"].values())
