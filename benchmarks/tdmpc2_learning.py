@@ -54,11 +54,13 @@ def main() -> None:
         "--checkpoint", type=Path, default=None, help="checkpoint folder (default: see above)"
     )
     parser.add_argument("--stop-after-hours", type=float, default=None)
+    parser.add_argument("--dropout-masks", choices=["hash", "threefry"], default="hash")
     args = parser.parse_args()
     task = TASKS[args.task]
     steps = args.steps or task["steps"]
     repeat = task["action_repeat"]
-    name = f"tdmpc2_{args.task}_seed{args.seed}"
+    suffix = "" if args.dropout_masks == "hash" else f"_{args.dropout_masks}"
+    name = f"tdmpc2_{args.task}_seed{args.seed}{suffix}"
     checkpoint = args.checkpoint or RESULTS / "checkpoints" / name
 
     def make_env(seed: int = 0):
@@ -74,6 +76,7 @@ def main() -> None:
             model_size=args.model_size,
             action_repeat=repeat,
             episode_length=task["episode_length"],
+            dropout_masks=args.dropout_masks,
             seed=args.seed,
         )
 
@@ -101,7 +104,12 @@ def main() -> None:
         "score": score,
         "threshold": task["threshold"],
         "passed": bool(record["done"] and score >= task["threshold"]),
-        "settings": {"model_size": args.model_size, "action_repeat": repeat, "seed_steps": model.seed_steps},
+        "settings": {
+            "model_size": args.model_size,
+            "action_repeat": repeat,
+            "seed_steps": model.seed_steps,
+            "dropout_masks": args.dropout_masks,
+        },
         **run_record(),
         "curve": record["curve"],
         "train_curve": record["train_curve"],

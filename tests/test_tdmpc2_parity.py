@@ -185,6 +185,27 @@ def test_q_dropout_is_active_in_every_evaluation_by_default():
     assert core._dropout_key(later, noise.dropout, 1, True) is not None  # value loss: on
 
 
+@pytest.mark.parametrize("masks", ["hash", "threefry"])
+def test_dropout_masks_of_either_generator(masks):
+    """``dropout_masks`` picks the generator: "threefry" is exactly ``jax.random.bernoulli``'s mask,
+    "hash" the hashed one (T13); both zero about ``rate`` of the elements and rescale the rest."""
+    key, rate = jax.random.PRNGKey(3), 0.25
+    x = jnp.ones((64, 384), jnp.float32)
+    out = N.dropout(x, key, rate, masks)
+    kept = out != 0
+    np.testing.assert_allclose(np.asarray(out)[np.asarray(kept)], 1.0 / (1.0 - rate), rtol=1e-6)
+    assert abs(float(jnp.mean(kept)) - (1.0 - rate)) < 5 * np.sqrt(rate * (1 - rate) / x.size)
+    threefry = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    assert bool(jnp.all(kept == threefry)) == (masks == "threefry")
+    config = CONFIG.replace(q_dropout="always", dropout_masks=masks)
+    io = load("model_rerand_io.npz")
+    params, _ = rerandomised()
+    logits = N.q_logits(config, params["qs"], io["in_z"], io["in_action"], jax.random.PRNGKey(0))
+    assert bool(jnp.all(jnp.isfinite(logits)))
+    with pytest.raises(ValueError, match="dropout_masks"):
+        preset(1, obs_dim=3, action_dim=1, dropout_masks="torch")
+
+
 # ------------------------------------------------------------------------------------------------
 # Updates
 # ------------------------------------------------------------------------------------------------

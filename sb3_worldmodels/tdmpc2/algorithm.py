@@ -72,6 +72,7 @@ class TDMPC2(WorldModelAlgorithm):
         simnorm_dim: int = 8,
         dropout: float = 0.01,
         q_dropout: str = "always",
+        dropout_masks: str = "hash",
         num_bins: int = 101,
         vmin: float = -10.0,
         vmax: float = 10.0,
@@ -115,7 +116,7 @@ class TDMPC2(WorldModelAlgorithm):
         self.model_size = model_size
         self.enc_dim, self.mlp_dim, self.latent_dim = enc_dim, mlp_dim, latent_dim
         self.num_enc_layers, self.num_q, self.simnorm_dim = num_enc_layers, num_q, simnorm_dim
-        self.dropout, self.q_dropout = dropout, q_dropout
+        self.dropout, self.q_dropout, self.dropout_masks = dropout, q_dropout, dropout_masks
         self.num_bins, self.vmin, self.vmax = num_bins, vmin, vmax
         self.log_std_min, self.log_std_max = log_std_min, log_std_max
         self.reward_coef, self.value_coef, self.consistency_coef = reward_coef, value_coef, consistency_coef

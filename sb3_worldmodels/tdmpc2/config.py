@@ -20,6 +20,7 @@ MODEL_SIZES: dict[int, tuple[int, int, int, int, int]] = {
 }
 
 Q_DROPOUT_MODES = ("always", "train", "off")
+DROPOUT_MASKS = ("hash", "threefry")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class TDMPC2Config:
     q_dropout: str = "always"
     """Where Q dropout is active: "always" is b67b21c (every Q evaluation, target and planning
     included: spec §2.4), "train" the later upstream code (value and policy losses only), "off"."""
+    dropout_masks: str = "hash"
+    """How the dropout masks are drawn: "hash" (cheap hashed coin flips, docs/deviations.md T13) or
+    "threefry" (``jax.random.bernoulli``, one Threefry draw per element, about 30x the cost)."""
     num_bins: int = 101
     vmin: float = -10.0
     vmax: float = 10.0
@@ -138,6 +142,8 @@ def preset(model_size: int, **overrides) -> TDMPC2Config:
         raise ValueError(f"latent_dim={cfg.latent_dim} must be divisible by simnorm_dim={cfg.simnorm_dim}.")
     if cfg.q_dropout not in Q_DROPOUT_MODES:
         raise ValueError(f"q_dropout must be one of {Q_DROPOUT_MODES}, got {cfg.q_dropout!r}.")
+    if cfg.dropout_masks not in DROPOUT_MASKS:
+        raise ValueError(f"dropout_masks must be one of {DROPOUT_MASKS}, got {cfg.dropout_masks!r}.")
     if cfg.num_q < 2:
         raise ValueError(f"num_q must be at least 2 (targets use a pair of Q members), got {cfg.num_q}.")
     if not cfg.num_pi_trajs < cfg.num_samples or not cfg.num_elites <= cfg.num_samples:

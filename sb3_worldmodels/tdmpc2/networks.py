@@ -85,19 +85,23 @@ def _ln_mish_bwd(res: tuple[Array, Array, Array], g: Array) -> tuple[Array, Arra
 layer_norm_mish.defvjp(_ln_mish_fwd, _ln_mish_bwd)
 
 
-def dropout(x: Array, key: Array, rate: float) -> Array:
+def dropout(x: Array, key: Array, rate: float, masks: str = "hash") -> Array:
     """Inverted dropout: zero each element with probability ``rate``, scale the rest by 1/(1 − rate).
 
-    The mask comes from :func:`~sb3_worldmodels.blocks.random.hash_bernoulli` (cheap on CPU).
+    ``masks``: "hash" draws the mask with :func:`~sb3_worldmodels.blocks.random.hash_bernoulli`
+    (cheap on CPU), "threefry" with ``jax.random.bernoulli``.
     """
-    keep = hash_bernoulli(key, 1.0 - rate, x.shape)
+    if masks == "threefry":
+        keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    else:
+        keep = hash_bernoulli(key, 1.0 - rate, x.shape)
     return jnp.where(keep, x / (1.0 - rate), 0.0)
 
 
 def normed_linear(
-    p: dict, x: Array, act: Callable[[Array], Array], drop: tuple[Array, float] | None = None
+    p: dict, x: Array, act: Callable[[Array], Array], drop: tuple[Array, float, str] | None = None
 ) -> Array:
-    """Affine → optional dropout (key, rate) → LayerNorm → ``act``; (..., in) → (..., out)."""
+    """Affine → optional dropout (key, rate, masks) → LayerNorm → ``act``; (..., in) → (..., out)."""
     y = x @ p["kernel"] + p["bias"]
     if drop is not None:
         y = dropout(y, *drop)
@@ -106,7 +110,9 @@ def normed_linear(
     return act(layer_norm(y, p["ln_scale"], p["ln_bias"]))
 
 
-def mlp(p: dict, x: Array, out: str, config: TDMPC2Config, drop: tuple[Array, float] | None = None) -> Array:
+def mlp(
+    p: dict, x: Array, out: str, config: TDMPC2Config, drop: tuple[Array, float, str] | None = None
+) -> Array:
     """The reference ``mlp``: Mish hidden layers, dropout on the first one only, then ``out``:
     "simnorm" (normed layer with SimNorm as its activation) or "linear" (plain affine)."""
     n = len(p)
@@ -222,7 +228,9 @@ def q_logits(config: TDMPC2Config, qs: dict, z: Array, action: Array, key: Array
     if key is None:
         return jax.vmap(lambda p: mlp(p, x, "linear", config))(qs)
     keys = jax.random.split(key, config.num_q)
-    return jax.vmap(lambda p, k: mlp(p, x, "linear", config, (k, config.dropout)))(qs, keys)
+    return jax.vmap(lambda p, k: mlp(p, x, "linear", config, (k, config.dropout, config.dropout_masks)))(
+        qs, keys
+    )
 
 
 def q_pair_value(
@@ -239,7 +247,9 @@ def q_pair_value(
         logits = jax.vmap(lambda p: mlp(p, x, "linear", config))(members)
     else:
         keys = jax.random.split(key, 2)
-        logits = jax.vmap(lambda p, k: mlp(p, x, "linear", config, (k, config.dropout)))(members, keys)
+        logits = jax.vmap(
+            lambda p, k: mlp(p, x, "linear", config, (k, config.dropout, config.dropout_masks))
+        )(members, keys)
     values = decode(config, logits)
     a, b = values[0], values[1]
     return jnp.minimum(a, b) if reduce == "min" else 0.5 * (a + b)
