@@ -4,14 +4,15 @@ happens (for the learning checks' checkpoints; discrete or continuous actions, a
     python benchmarks/diagnose_dreamerv3.py benchmarks/results/checkpoints/dreamerv3_cartpole_seed1 \
         --env CartPole-v1 --episodes 10
 
-At every step of an episode played with ``predict`` (the sampling policy unless ``--deterministic``):
-the actor's entropy at the current belief, and, one step open loop along the action taken
-(``predict_rollout``), the predicted reward and continue probability of the next step and the
-critic's value there. Printed per episode and overall: the return and length; the mean absolute
-reward error; the mean continue probability before the last step and at a real termination; the
-critic's value against the discounted return that followed (gamma = 1 - 1/return_horizon; known
-only for episodes that terminated, where nothing follows the termination); the mean actor entropy.
-One JSON line per episode and one summary line.
+At every step of an episode played with ``predict`` (the sampling policy unless ``--deterministic``),
+at the current belief: the actor's entropy and the critic's value; one step open loop along the
+action taken (``predict_rollout``): the predicted reward and continue probability of the next step;
+and at the end, the continue probability the model gives the terminal observation itself. Printed
+per episode and overall: the return and length; the mean absolute reward error; the continue
+probability while alive, predicted for the terminating step, and of the terminal observation; the
+critic's mean, min and max against the discounted return that followed (gamma = 1 - 1/return_horizon;
+known only for episodes that terminated); the mean actor entropy. One JSON line per episode and one
+summary line.
 """
 
 from __future__ import annotations
@@ -22,19 +23,27 @@ from pathlib import Path
 
 import gymnasium as gym
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels import DreamerV3
+from sb3_worldmodels.blocks.math import twohot_mean
 from sb3_worldmodels.dreamerv3 import agent as core
+from sb3_worldmodels.dreamerv3 import networks as N
 from sb3_worldmodels.dreamerv3.networks import features
 
 
-def actor_entropy(model: DreamerV3, state: tuple[np.ndarray, ...]) -> float:
+def belief_heads(model: DreamerV3, state: tuple[np.ndarray, ...]) -> dict[str, float]:
+    """Actor entropy, continue probability and critic value at a belief (``predict``'s state)."""
     config, params = model._config, model.policy.state["agent"].params
-    dist = core._actor(
-        config, params["actor"], features(jax.numpy.asarray(state[0]), jax.numpy.asarray(state[1]))
-    )
-    return float(core._actor_entropy(config, dist)[0])
+    feat = features(jnp.asarray(state[0]), jnp.asarray(state[1]))
+    _, _, con_h, critic_h = N.mlp_trunks(feat, core._state_head_trunks(config, params))
+    dist = core._actor(config, params["actor"], feat)
+    return {
+        "entropy": float(core._actor_entropy(config, dist)[0]),
+        "continue": float(jax.nn.sigmoid(N.head_out(params["con"], con_h)[0, 0])),
+        "value": float(twohot_mean(N.head_out(params["critic"], critic_h), core._bins(config))[0]),
+    }
 
 
 def run_episode(model: DreamerV3, env: gym.Env, seed: int, deterministic: bool) -> dict:
@@ -46,43 +55,47 @@ def run_episode(model: DreamerV3, env: gym.Env, seed: int, deterministic: bool) 
             obs[None], state=state, episode_start=start, deterministic=deterministic
         )
         start = np.zeros(1, bool)
-        entropy = actor_entropy(model, state)
+        here = belief_heads(model, state)
         env_action = np.asarray(action).reshape((1, 1, *np.shape(action)[1:]))
         predicted = model.predict_rollout(state, env_action)
         obs, reward, terminated, truncated, _ = env.step(action[0])
         steps.append(
             {
                 "reward": float(reward),
-                "terminated": bool(terminated),
                 "pred_reward": float(predicted["reward"][0, 0]),
                 "pred_continue": float(predicted["continue"][0, 0]),
-                "pred_value": float(predicted["value"][0]),
-                "entropy": entropy,
+                "value": here["value"],
+                "entropy": here["entropy"],
             }
         )
         if terminated or truncated:
-            return {"steps": steps, "terminated": bool(terminated)}
+            # The model's reading of the terminal observation itself (its posterior, not a prediction).
+            _, last = model.predict(obs[None], state=state, episode_start=start, deterministic=deterministic)
+            return {"steps": steps, "terminated": bool(terminated), "terminal": belief_heads(model, last)}
 
 
 def summarize(episode: dict, gamma: float) -> dict:
     steps = episode["steps"]
     rewards = np.array([s["reward"] for s in steps])
     n = len(steps)
-    # Discounted return after step t (from state t+1 on), with gamma^k; zero after a termination.
-    after = np.zeros(n)
-    for t in range(n - 2, -1, -1):
-        after[t] = rewards[t + 1] + gamma * after[t + 1]
+    # Discounted return from each belief on (reward t+1 onwards); nothing follows a termination.
+    ahead = np.zeros(n)
+    for t in range(n - 1, -1, -1):
+        ahead[t] = rewards[t] + (gamma * ahead[t + 1] if t + 1 < n else 0.0)
     cont = np.array([s["pred_continue"] for s in steps])
-    values = np.array([s["pred_value"] for s in steps])
+    values = np.array([s["value"] for s in steps])
     return {
         "return": float(rewards.sum()),
         "length": n,
         "terminated": episode["terminated"],
         "reward_abs_error": float(np.mean(np.abs(rewards - [s["pred_reward"] for s in steps]))),
         "continue_alive": float(cont[:-1].mean()) if n > 1 else None,
-        "continue_at_termination": float(cont[-1]) if episode["terminated"] else None,
-        "value_mean": float(values[:-1].mean()) if n > 1 else None,
-        "return_after_mean": float(after[:-1].mean()) if n > 1 and episode["terminated"] else None,
+        "continue_predicted_at_termination": float(cont[-1]) if episode["terminated"] else None,
+        "continue_of_terminal_obs": episode["terminal"]["continue"] if episode["terminated"] else None,
+        "value_mean": float(values.mean()),
+        "value_min": float(values.min()),
+        "value_max": float(values.max()),
+        "return_ahead_mean": float(ahead.mean()) if episode["terminated"] else None,
         "entropy_mean": float(np.mean([s["entropy"] for s in steps])),
     }
 
@@ -109,8 +122,7 @@ def main() -> None:
         values = [r[key] for r in rows if r[key] is not None]
         return float(np.mean(values)) if values else None
 
-    keys = ("return", "length", "reward_abs_error", "continue_alive", "continue_at_termination")
-    summary = {k: mean(k) for k in (*keys, "value_mean", "return_after_mean", "entropy_mean")}
+    summary = {k: mean(k) for k in rows[0] if k != "terminated"}
     summary.update(rows=int(model.num_timesteps), updates=int(model._n_updates), episodes=len(rows))
     print(json.dumps({"summary": summary}))
 
