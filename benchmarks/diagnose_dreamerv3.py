@@ -12,7 +12,8 @@ per episode and overall: the return and length; the mean absolute reward error; 
 probability while alive, predicted for the terminating step, and of the terminal observation; the
 critic's mean, min and max against the discounted return that followed (gamma = 1 - 1/return_horizon;
 known only for episodes that terminated); the mean actor entropy. One JSON line per episode and one
-summary line.
+summary line, which adds how linearly the features of a belief encode the observation (R² of a
+ridge read-out per observation dimension, from the recurrent state, the stochastic state and both).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def belief_heads(model: DreamerV3, state: tuple[np.ndarray, ...]) -> dict[str, f
     }
 
 
-def run_episode(model: DreamerV3, env: gym.Env, seed: int, deterministic: bool) -> dict:
+def run_episode(model: DreamerV3, env: gym.Env, seed: int, deterministic: bool, read: list) -> dict:
+    """One episode; appends (features, observation) of every belief to ``read``."""
     obs, _ = env.reset(seed=seed)
     state, start = None, np.ones(1, bool)
     steps: list[dict] = []
@@ -56,6 +58,7 @@ def run_episode(model: DreamerV3, env: gym.Env, seed: int, deterministic: bool) 
         )
         start = np.zeros(1, bool)
         here = belief_heads(model, state)
+        read.append((np.asarray(features(jnp.asarray(state[0]), jnp.asarray(state[1])))[0], np.asarray(obs)))
         env_action = np.asarray(action).reshape((1, 1, *np.shape(action)[1:]))
         predicted = model.predict_rollout(state, env_action)
         obs, reward, terminated, truncated, _ = env.step(action[0])
@@ -100,6 +103,23 @@ def summarize(episode: dict, gamma: float) -> dict:
     }
 
 
+def linear_readout(read: list, deter: int) -> dict[str, list[float]]:
+    """R² of a ridge regression of each observation dimension from the belief's features (fit on
+    even steps, scored on odd ones): from the recurrent state, the stochastic state, and both."""
+    feats = np.array([f for f, _ in read])
+    obs = np.array([o for _, o in read]).reshape(len(read), -1)
+    train = np.arange(len(read)) % 2 == 0
+    out = {}
+    for name, cols in (("deter", slice(0, deter)), ("stoch", slice(deter, None)), ("both", slice(None))):
+        x = np.c_[feats[:, cols], np.ones(len(read))]
+        w = np.linalg.solve(x[train].T @ x[train] + 1e-2 * np.eye(x.shape[1]), x[train].T @ obs[train])
+        err = ((x[~train] @ w - obs[~train]) ** 2).sum(0)
+        out[f"readout_r2_{name}"] = (
+            (1 - err / ((obs[~train] - obs[~train].mean(0)) ** 2).sum(0)).round(3).tolist()
+        )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("checkpoint", type=Path, help="a folder with model.zip, or a model .zip")
@@ -112,9 +132,9 @@ def main() -> None:
     model = DreamerV3.load(path)
     gamma = 1.0 - 1.0 / model.return_horizon
     env = gym.make(args.env)
-    rows = []
+    rows, read = [], []
     for i in range(args.episodes):
-        row = summarize(run_episode(model, env, args.seed + i, args.deterministic), gamma)
+        row = summarize(run_episode(model, env, args.seed + i, args.deterministic, read), gamma)
         rows.append(row)
         print(json.dumps(row), flush=True)
 
@@ -123,6 +143,7 @@ def main() -> None:
         return float(np.mean(values)) if values else None
 
     summary = {k: mean(k) for k in rows[0] if k != "terminated"}
+    summary.update(linear_readout(read, model._config.deter))
     summary.update(rows=int(model.num_timesteps), updates=int(model._n_updates), episodes=len(rows))
     print(json.dumps({"summary": summary}))
 
