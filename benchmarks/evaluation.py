@@ -17,6 +17,30 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.logger import Logger
 
+FLAT_FILES = {"model": "model.zip", "replay": "replay.pkl"}
+"""The checkpoint file names of runs saved before progress.json named its files."""
+
+
+def eval_point(
+    model: BaseAlgorithm,
+    returns: list[float],
+    train_curve: list[dict],
+    x_key: str,
+    action_repeat: int,
+    seconds: float,
+) -> dict:
+    """One evaluation point: counted steps, frames, the mean of ``returns`` and of as many recent
+    training returns, the update count and the wall-clock seconds."""
+    recent = [e["return"] for e in train_curve[-len(returns) :]]
+    return {
+        x_key: model.num_timesteps,
+        "frames": model.num_timesteps * action_repeat,
+        "eval_mean": float(np.mean(returns)),
+        "train_mean": float(np.mean(recent)) if recent else None,
+        "updates": int(model._n_updates),
+        "seconds": round(seconds, 1),
+    }
+
 
 def record_finished_episodes(
     local_vars: dict, episodes: list[dict], x_key: str, steps: int, action_repeat: int
@@ -63,15 +87,9 @@ class EvalEvery(BaseCallback):
             deterministic=self.deterministic,
             return_episode_rewards=True,
         )
-        recent = [p["return"] for p in self.train_curve[-self.episodes :]]
-        point = {
-            self.x_key: self.num_timesteps,
-            "frames": self.num_timesteps * self.action_repeat,
-            "eval_mean": float(np.mean(rewards)),
-            "train_mean": float(np.mean(recent)) if recent else None,
-            "updates": self.model._n_updates,
-            "seconds": round(time.time() - self.start, 1),
-        }
+        point = eval_point(
+            self.model, rewards, self.train_curve, self.x_key, self.action_repeat, time.time() - self.start
+        )
         self.curve.append(point)
         print(json.dumps(point), flush=True)
 
@@ -135,7 +153,7 @@ def learn_in_segments(
     progress = checkpoint / "progress.json" if checkpoint else None
     if progress is not None and progress.exists():
         record = json.loads(progress.read_text())
-        files = record.get("files", {"model": "model.zip", "replay": "replay.pkl"})
+        files = record.get("files", FLAT_FILES)
         model = type(model).load(checkpoint / files["model"], env=model.get_env())
         if model.num_timesteps != record["num_timesteps"]:
             raise RuntimeError(
@@ -161,16 +179,9 @@ def learn_in_segments(
         at_eval = eval_every and model.num_timesteps >= (len(record["curve"]) + 1) * eval_every
         if at_eval or model.num_timesteps >= total:
             returns = evaluate(model, len(record["curve"]))
-            recent = [e["return"] for e in record["train_curve"][-len(returns) :]]
-            point = {
-                x_key: model.num_timesteps,
-                "frames": model.num_timesteps * action_repeat,
-                "eval_mean": float(np.mean(returns)),
-                "eval_returns": [float(r) for r in returns],
-                "train_mean": float(np.mean(recent)) if recent else None,
-                "updates": int(model._n_updates),
-                "seconds": round(seconds_before + time.time() - start, 1),
-            }
+            seconds = seconds_before + time.time() - start
+            point = eval_point(model, returns, record["train_curve"], x_key, action_repeat, seconds)
+            point["eval_returns"] = [float(r) for r in returns]
             record["curve"].append(point)
             print(json.dumps({k: v for k, v in point.items() if k != "eval_returns"}), flush=True)
         record["done"] = model.num_timesteps >= total
@@ -189,7 +200,7 @@ def learn_in_segments(
             tmp = progress.with_suffix(".tmp")
             tmp.write_text(json.dumps(record))
             os.replace(tmp, progress)
-            for name in (previous or {"model": "model.zip", "replay": "replay.pkl"}).values():
+            for name in (previous or FLAT_FILES).values():
                 if name not in files.values():
                     (checkpoint / name).unlink(missing_ok=True)
         if stop_after_seconds is not None and time.time() - start > stop_after_seconds:

@@ -224,13 +224,17 @@ def q_logits(config: TDMPC2Config, qs: dict, z: Array, action: Array, key: Array
 
     ``key`` draws independent dropout masks per member (rate ``config.dropout``); None = no dropout.
     """
-    x = jnp.concatenate([z, action], -1)
+    return _members_logits(config, qs, jnp.concatenate([z, action], -1), key, config.num_q)
+
+
+def _members_logits(config: TDMPC2Config, members: dict, x: Array, key: Array | None, count: int) -> Array:
+    """The ``count`` stacked members on the same input x (..., L + A) → (count, ..., n) logits, each with
+    its own dropout mask (from ``key``; None = no dropout)."""
     if key is None:
-        return jax.vmap(lambda p: mlp(p, x, "linear", config))(qs)
-    keys = jax.random.split(key, config.num_q)
-    return jax.vmap(lambda p, k: mlp(p, x, "linear", config, (k, config.dropout, config.dropout_masks)))(
-        qs, keys
-    )
+        return jax.vmap(lambda p: mlp(p, x, "linear", config))(members)
+    drop = (config.dropout, config.dropout_masks)
+    keys = jax.random.split(key, count)
+    return jax.vmap(lambda p, k: mlp(p, x, "linear", config, (k, *drop)))(members, keys)
 
 
 def q_pair_value(
@@ -242,14 +246,7 @@ def q_pair_value(
     values, and at K = 5 less than half the work; docs/deviations.md T11).
     """
     members = jax.tree_util.tree_map(lambda x: x[pair], qs)
-    x = jnp.concatenate([z, action], -1)
-    if key is None:
-        logits = jax.vmap(lambda p: mlp(p, x, "linear", config))(members)
-    else:
-        keys = jax.random.split(key, 2)
-        logits = jax.vmap(
-            lambda p, k: mlp(p, x, "linear", config, (k, config.dropout, config.dropout_masks))
-        )(members, keys)
+    logits = _members_logits(config, members, jnp.concatenate([z, action], -1), key, 2)
     values = decode(config, logits)
     a, b = values[0], values[1]
     return jnp.minimum(a, b) if reduce == "min" else 0.5 * (a + b)
