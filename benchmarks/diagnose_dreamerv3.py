@@ -14,6 +14,8 @@ critic's mean, min and max against the discounted return that followed (gamma = 
 known only for episodes that terminated); the mean actor entropy. One JSON line per episode and one
 summary line, which adds how linearly the features of a belief encode the observation (R² of a
 ridge read-out per observation dimension, from the recurrent state, the stochastic state and both).
+With ``--replay``, also the training statistics (continue and reward heads split by class, as the
+reference logs them) on windows of the replay rows the model had been trained on.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 
 from sb3_worldmodels import DreamerV3
 from sb3_worldmodels.blocks.math import twohot_mean
+from sb3_worldmodels.common.replay import annotate_batch
 from sb3_worldmodels.dreamerv3 import agent as core
 from sb3_worldmodels.dreamerv3 import networks as N
 from sb3_worldmodels.dreamerv3.networks import features
@@ -120,6 +123,37 @@ def linear_readout(read: list, deter: int) -> dict[str, list[float]]:
     return out
 
 
+def replay_statistics(model: DreamerV3, replay_path: Path, batches: int, seed: int) -> dict[str, float]:
+    """The training statistics (losses, ``constats/*``, ``rewstats/*``) of the saved model on windows
+    drawn uniformly from the replay rows it had been trained on (each env's first
+    ``num_timesteps / n_envs`` rows; a later replay file of the same run may be given). The model is
+    not changed: each batch's update is computed and its metrics kept."""
+    model.load_replay_buffer(replay_path)
+    replay, config = model.replay_buffer, model._config
+    per_env = int(model.num_timesteps) // replay.n_envs
+    rng = np.random.default_rng(seed)
+    state = model.policy.state["agent"]
+    totals: dict[str, list[float]] = {}
+    for _ in range(batches):
+        envs = rng.integers(0, replay.n_envs, config.batch_size)
+        starts = rng.integers(0, per_env - replay.window + 1, config.batch_size)
+        rows = [
+            replay.read_rows(int(e), np.arange(s, s + replay.window))
+            for e, s in zip(envs, starts, strict=True)
+        ]
+        batch = {k: np.stack([r[k] for r in rows])[None] for k in rows[0]}
+        annotate_batch(batch)
+        _, metrics, _ = core.train_step_jit(config, state, {k: jnp.asarray(v[0]) for k, v in batch.items()})
+        for key, value in jax.device_get(metrics).items():
+            totals.setdefault(key, []).append(float(value))
+    keep = ("con_loss", "rew_loss", "rec_loss", "dyn_loss")
+    return {
+        f"replay/{k}": float(np.nanmean(v)) if np.any(np.isfinite(v)) else None
+        for k, v in sorted(totals.items())
+        if k in keep or "stats/" in k
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("checkpoint", type=Path, help="a folder with model.zip, or a model .zip")
@@ -127,6 +161,8 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--seed", type=int, default=20_000)
     parser.add_argument("--deterministic", action="store_true")
+    parser.add_argument("--replay", type=Path, help="a replay .pkl of the same run: its training statistics")
+    parser.add_argument("--batches", type=int, default=50, help="replay batches for --replay")
     args = parser.parse_args()
     path = args.checkpoint / "model.zip" if args.checkpoint.is_dir() else args.checkpoint
     model = DreamerV3.load(path)
@@ -144,6 +180,8 @@ def main() -> None:
 
     summary = {k: mean(k) for k in rows[0] if k != "terminated"}
     summary.update(linear_readout(read, model._config.deter))
+    if args.replay is not None:
+        summary.update(replay_statistics(model, args.replay, args.batches, args.seed))
     summary.update(rows=int(model.num_timesteps), updates=int(model._n_updates), episodes=len(rows))
     print(json.dumps({"summary": summary}))
 

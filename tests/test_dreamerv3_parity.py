@@ -426,6 +426,20 @@ def test_losses_and_metrics(run: dict[str, Any], step: int) -> None:
 
 
 @pytest.mark.parametrize("step", [1, 2])
+def test_balance_stats(run: dict[str, Any], step: int) -> None:
+    """The continue and reward heads' split statistics equal the reference's, NaN where it has NaN
+    (the continuous-action batches hold no reward above 0.1)."""
+    metrics, train = run[step]["metrics"], run[step]["train"]
+    names = [k for k in train if k.startswith(("constats/", "rewstats/"))]
+    assert len(names) == 14
+    for name in names:
+        ref = np.asarray(train[name])
+        assert np.isnan(metrics[name]) == np.isnan(ref), name
+        if not np.isnan(ref):
+            assert_close(name, metrics[name], ref, rtol=2e-5, scale_tol=0.0)
+
+
+@pytest.mark.parametrize("step", [1, 2])
 def test_gradients(run: dict[str, Any], step: int) -> None:
     ours = run[step]["grads"]
     ref = fixture_grads(run[step]["train"], run["config"])

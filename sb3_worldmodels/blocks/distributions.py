@@ -18,6 +18,7 @@ Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 
 __all__ = [
+    "balance_stats",
     "bernoulli_log_prob",
     "categorical_entropy",
     "categorical_kl",
@@ -202,3 +203,44 @@ def symlog_mse_log_prob(pred_symlog: ArrayLike, target: ArrayLike) -> Array:
     sq = jnp.square(pred - symlog(jnp.asarray(target, jnp.float32)))
     sq = jnp.where(sq < SYMLOG_MSE_TOL, 0.0, sq)
     return -jnp.sum(sq, axis=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# Diagnostics
+# --------------------------------------------------------------------------------------------
+
+
+def balance_stats(mean: ArrayLike, loss: ArrayLike, target: ArrayLike, threshold: float) -> dict[str, Array]:
+    """A head's loss and accuracy split by whether the target is above ``threshold``.
+
+    The reference's ``balance_stats`` (``jaxutils.py:282``), logged as ``constats/*`` for the
+    continue head (threshold 0.5: positives continue, negatives are terminal) and ``rewstats/*``
+    for the reward head (threshold 0.1). A rare class (terminations) shows in ``neg_loss`` and
+    ``neg_acc`` long before it moves the mean loss. A class absent from the batch gives NaN for
+    its entries, as in the reference; aggregate them with ``nanmean``.
+
+    Args:
+        mean: (...) the head's predicted mean.
+        loss: (...) the negative log-likelihood of the hard ``target`` (not a soft label).
+        target: (...) the data.
+        threshold: positives are ``target > threshold``.
+
+    Returns:
+        scalars pos_loss, neg_loss, pos_acc, neg_acc, rate (fraction positive), avg (target
+        mean), pred (predicted mean).
+    """
+    mean = jnp.asarray(mean, jnp.float32)
+    loss = jnp.asarray(loss, jnp.float32)
+    target = jnp.asarray(target, jnp.float32)
+    pos = (target > threshold).astype(jnp.float32)
+    neg = 1.0 - pos
+    pred = (mean > threshold).astype(jnp.float32)
+    return {
+        "pos_loss": (loss * pos).sum() / pos.sum(),
+        "neg_loss": (loss * neg).sum() / neg.sum(),
+        "pos_acc": (pred * pos).sum() / pos.sum(),
+        "neg_acc": ((1.0 - pred) * neg).sum() / neg.sum(),
+        "rate": pos.mean(),
+        "avg": target.mean(),
+        "pred": mean.mean(),
+    }

@@ -481,7 +481,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         for i in range(owed if self._wm_callbacks else 0):
             self._log_post_update({f"train/{key}": float(v[i]) for key, v in stacked.items()})
         for key, values in stacked.items():
-            self.logger.record(f"train/{key}", float(np.mean(values)))
+            self.logger.record(f"train/{key}", _aggregate(key, values))
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/learning_rate", lr)
         self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)
@@ -509,6 +509,19 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             extra = cb.on_post_update(dict(metrics)) or {}
             for key, value in extra.items():
                 self.logger.record(key, value)
+
+
+def _aggregate(key: str, values: np.ndarray) -> float:
+    """The mean of one metric over a call's updates.
+
+    Split statistics (``*stats/*``, see :func:`~sb3_worldmodels.blocks.distributions.balance_stats`)
+    are NaN in updates whose batch lacks a class and are averaged over the others (NaN when all
+    lack it), as the reference aggregates them; every other metric keeps a NaN visible.
+    """
+    if "stats/" in key:
+        finite = values[~np.isnan(values)]
+        return float(finite.mean()) if finite.size else float("nan")
+    return float(np.mean(values))
 
 
 __all__ = ["BaseAlgorithm", "WorldModelAlgorithm"]

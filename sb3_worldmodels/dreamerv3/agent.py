@@ -31,6 +31,7 @@ import optax
 from jax.extend.random import threefry_2x32
 
 from sb3_worldmodels.blocks.distributions import (
+    balance_stats,
     bernoulli_log_prob,
     categorical_entropy,
     categorical_kl,
@@ -770,6 +771,11 @@ def loss_fn(
         post_entropy=categorical_entropy(post).sum(-1).mean(),
         prior_entropy=categorical_entropy(prior).sum(-1).mean(),
     )
+    # The heads' loss and accuracy on rare rows (terminations, rewards), as the reference logs them.
+    con_stats = balance_stats(jax.nn.sigmoid(con_logits), -bernoulli_log_prob(con_logits, cont), cont, 0.5)
+    rew_stats = balance_stats(twohot_mean(rew_logits, bins), losses["rew"], reward, 0.1)
+    metrics.update({f"constats/{k}": v for k, v in con_stats.items()})
+    metrics.update({f"rewstats/{k}": v for k, v in rew_stats.items()})
 
     # Diagnostics, batch-major with all H+1 steps (unused under jit, they cost nothing).
     d = config.deter
