@@ -582,3 +582,34 @@ def test_running_scale_floor() -> None:
         state, np.linspace(0.0, 100.0, 101, dtype=np.float32)[:, None], 0.5
     )  # spread 90
     np.testing.assert_allclose(state.value, 1.0 + 0.5 * (90.0 - 1.0), rtol=1e-6)
+
+
+def test_balance_stats_closed_form() -> None:
+    """Loss and accuracy per class on a hand-counted example; an absent class gives NaN."""
+    mean = np.array([0.9, 0.2, 0.7, 0.4], np.float32)
+    loss = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    target = np.array([1.0, 1.0, 0.0, 0.0], np.float32)
+    stats = {k: float(v) for k, v in B.distributions.balance_stats(mean, loss, target, 0.5).items()}
+    assert stats == pytest.approx(
+        {
+            "pos_loss": 1.5,
+            "neg_loss": 3.5,
+            "pos_acc": 0.5,
+            "neg_acc": 0.5,
+            "rate": 0.5,
+            "avg": 0.5,
+            "pred": 0.55,
+        }
+    )
+    only_pos = B.distributions.balance_stats(mean[:2], loss[:2], target[:2], 0.5)
+    assert np.isnan(only_pos["neg_loss"]) and np.isnan(only_pos["neg_acc"])
+    assert float(only_pos["pos_loss"]) == pytest.approx(1.5)
+
+
+def test_split_statistics_aggregate_over_updates_that_have_the_class() -> None:
+    from sb3_worldmodels.common.base import _aggregate
+
+    values = np.array([1.0, np.nan, 3.0])
+    assert _aggregate("constats/neg_loss", values) == 2.0
+    assert np.isnan(_aggregate("constats/neg_loss", np.array([np.nan, np.nan])))
+    assert np.isnan(_aggregate("con_loss", values))  # a NaN loss is never hidden
