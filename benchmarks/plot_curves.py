@@ -86,7 +86,7 @@ def main() -> None:
         if train:
             series.append(
                 {
-                    "x": [p["steps"] for p in train],
+                    "x": [p[step_key] for p in train],
                     "y": [p["return"] for p in train],
                     "color": "#9bbcd6",
                     "width": 1,

@@ -1,0 +1,111 @@
+"""Our DreamerV3 learning check against the reference code's own run of the same task, row for row.
+
+    python benchmarks/compare_reference_dreamerv3.py \
+        benchmarks/results/checkpoints/dreamerv3_cartpole_seed1 /path/to/reference_logdir \
+        --svg docs/figures/dreamerv3_cartpole_reference.svg
+
+The reference (danijar/dreamerv3 at 2411f7d + 29eb964) writes the return of every finished training
+episode to ``scores.jsonl`` (``step`` = rows collected) and its training statistics to
+``metrics.jsonl``; our checkpointed learning scripts keep the same returns in ``progress.json``
+(``train_curve``) and the statistics in ``log_from_*/progress.csv``. Printed per window of rows:
+the number and mean return of the training episodes that ended in it (the sampling policy, as in
+the check), and the continue head's loss on terminal rows where both logged it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+from plot_curves import svg_chart
+
+
+def ours(folder: Path) -> tuple[list[tuple[int, float]], list[tuple[int, dict]]]:
+    """(rows, return) of finished training episodes; (rows, statistics) of the logged updates."""
+    progress = json.loads((folder / "progress.json").read_text())
+    episodes = [(e["rows"], e["return"]) for e in progress["train_curve"]]
+    stats = []
+    for log in sorted(folder.glob("log_from_*/progress.csv")):
+        with log.open() as f:
+            for row in csv.DictReader(f):
+                if row.get("time/total_timesteps"):
+                    stats.append((int(float(row["time/total_timesteps"])), row))
+    return episodes, stats
+
+
+def reference(logdir: Path) -> tuple[list[tuple[int, float]], list[tuple[int, dict]]]:
+    episodes = []
+    for line in (logdir / "scores.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        episodes.append((int(entry["step"]), float(entry["episode/score"])))
+    stats = []
+    for line in (logdir / "metrics.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if "train/constats/neg_loss" in entry:
+            stats.append((int(entry["step"]), entry))
+    return sorted(set(episodes)), stats
+
+
+def window_mean(episodes: list[tuple[int, float]], lo: int, hi: int) -> tuple[int, float | None]:
+    values = [r for s, r in episodes if lo <= s < hi]
+    return len(values), (float(np.mean(values)) if values else None)
+
+
+def stat_near(stats: list[tuple[int, dict]], lo: int, hi: int, key: str) -> float | None:
+    values = [float(v[key]) for s, v in stats if lo <= s < hi and v.get(key) not in (None, "", "nan")]
+    values = [v for v in values if np.isfinite(v)]
+    return float(np.mean(values)) if values else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("ours", type=Path, help="our checkpoint folder (progress.json, log_from_*)")
+    parser.add_argument("reference", type=Path, help="the reference's logdir (scores.jsonl, metrics.jsonl)")
+    parser.add_argument("--window", type=int, default=2_000)
+    parser.add_argument("--svg", type=Path, default=None)
+    args = parser.parse_args()
+    our_eps, our_stats = ours(args.ours)
+    ref_eps, ref_stats = reference(args.reference)
+    end = max([s for s, _ in our_eps + ref_eps], default=0) + 1
+    print(
+        "rows | ours: episodes, mean return | reference: episodes, mean return | terminal-row loss ours / ref"
+    )
+    for lo in range(0, end, args.window):
+        hi = lo + args.window
+        n_o, m_o = window_mean(our_eps, lo, hi)
+        n_r, m_r = window_mean(ref_eps, lo, hi)
+        neg_o = stat_near(our_stats, lo, hi, "train/constats/neg_loss")
+        neg_r = stat_near(ref_stats, lo, hi, "train/constats/neg_loss")
+
+        def fmt(x: float | None) -> str:
+            return "-" if x is None else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+        print(f"{lo}-{hi} | {n_o}, {fmt(m_o)} | {n_r}, {fmt(m_r)} | {fmt(neg_o)} / {fmt(neg_r)}")
+    if args.svg is not None:
+        series = [
+            {
+                "x": [s for s, _ in ref_eps],
+                "y": [r for _, r in ref_eps],
+                "color": "#7f8c8d",
+                "width": 1,
+                "label": "reference code: training episodes",
+            },
+            {
+                "x": [s for s, _ in our_eps],
+                "y": [r for _, r in our_eps],
+                "color": "#c0392b",
+                "width": 1,
+                "label": "ours: training episodes",
+            },
+        ]
+        args.svg.write_text(
+            svg_chart(series, None, "DreamerV3 on CartPole-v1: ours and the reference code", "rows")
+        )
+        print(args.svg)
+
+
+if __name__ == "__main__":
+    main()
