@@ -38,12 +38,13 @@ from sb3_worldmodels.dreamerv3.networks import features
 
 
 def belief_heads(model: DreamerV3, state: tuple[np.ndarray, ...]) -> dict[str, float]:
-    """Actor entropy, continue probability and critic value at a belief (``predict``'s state)."""
+    """Features, actor entropy, continue probability and critic value at a belief (``predict``'s state)."""
     config, params = model._config, model.policy.state["agent"].params
     feat = features(jnp.asarray(state[0]), jnp.asarray(state[1]))
     _, _, con_h, critic_h = N.mlp_trunks(feat, core._state_head_trunks(config, params))
     dist = core._actor(config, params["actor"], feat)
     return {
+        "features": np.asarray(feat)[0],
         "entropy": float(core._actor_entropy(config, dist)[0]),
         "continue": float(jax.nn.sigmoid(N.head_out(params["con"], con_h)[0, 0])),
         "value": float(twohot_mean(N.head_out(params["critic"], critic_h), core._bins(config))[0]),
@@ -61,7 +62,7 @@ def run_episode(model: DreamerV3, env: gym.Env, seed: int, deterministic: bool, 
         )
         start = np.zeros(1, bool)
         here = belief_heads(model, state)
-        read.append((np.asarray(features(jnp.asarray(state[0]), jnp.asarray(state[1])))[0], np.asarray(obs)))
+        read.append((here["features"], np.asarray(obs)))
         env_action = np.asarray(action).reshape((1, 1, *np.shape(action)[1:]))
         predicted = model.predict_rollout(state, env_action)
         obs, reward, terminated, truncated, _ = env.step(action[0])
