@@ -8,6 +8,13 @@ Each timing is a median over ``--repeats`` calls after compilation; plans and up
 (size, implementation) pair are timed round-robin in one process, so a busy neighbour on the CPU
 affects every row alike. ``--impl`` names a package with the layout of ``sb3_worldmodels`` (e.g. an
 older commit's copy, renamed, on PYTHONPATH) to compare side by side. Prints one JSON line per row.
+
+``--reference-src`` (the reference's ``tdmpc2/`` folder, nicklashansen/tdmpc2 @ b67b21c) and
+``--reference-python`` (a Python with its dependencies) add the reference PyTorch code to the same
+round robin, one worker process per size (``reference_tdmpc2_worker.py``; each call timed inside it):
+
+    python benchmarks/tdmpc2_speed.py --size 1 --repeats 15 \
+        --reference-src /path/to/tdmpc2/tdmpc2 --reference-python /path/to/venv/bin/python
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import importlib
 import json
 import platform
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,18 +64,72 @@ def build(size: int, obs_dim: int, action_dim: int, impl: str = "sb3_worldmodels
     update_compile = time.perf_counter() - t
     jax.block_until_ready(plan(state.params, obs, prev, first, key))
     state2 = jax.block_until_ready(update(state, batch))[0]
-    return {
+    row = {
         "impl": impl,
         "size": size,
-        "config": config,
-        "state": state2,
-        "batch": batch,
-        "plan": lambda s: plan(s.params, obs, prev, first, key),
-        "update": lambda s: update(s, batch)[0],
         "plan_compile_s": round(plan_compile, 2),
         "update_compile_s": round(update_compile, 2),
         "plan_times": [],
         "update_times": [],
+    }
+    built = {"state": state2}
+
+    def time_plan() -> float:
+        t = time.perf_counter()
+        jax.block_until_ready(plan(built["state"].params, obs, prev, first, key))
+        return time.perf_counter() - t
+
+    def time_update() -> float:
+        t = time.perf_counter()
+        built["state"] = jax.block_until_ready(update(built["state"], batch)[0])
+        return time.perf_counter() - t
+
+    row.update(
+        time_plan=time_plan,
+        time_update=time_update,
+        params=lambda: int(sum(x.size for x in jax.tree_util.tree_leaves(built["state"].params))),
+    )
+    return row
+
+
+def build_reference(size: int, obs_dim: int, action_dim: int, src: str, python: str) -> dict:
+    """The reference PyTorch agent in a worker process (``reference_tdmpc2_worker.py``)."""
+    worker = Path(__file__).with_name("reference_tdmpc2_worker.py")
+    command = [
+        python,
+        str(worker),
+        "--src",
+        src,
+        "--size",
+        str(size),
+        "--obs-dim",
+        str(obs_dim),
+        "--action-dim",
+        str(action_dim),
+    ]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+    ready = {}
+    for line in proc.stdout:
+        if line.startswith("{"):
+            ready = json.loads(line)
+            break
+    if not ready.get("ready"):
+        raise RuntimeError(f"the reference worker did not start: {' '.join(command)}")
+
+    def ask(what: str) -> float:
+        proc.stdin.write(what + "\n")
+        return float(json.loads(proc.stdout.readline())[what])
+
+    return {
+        "impl": f"reference (torch {ready['torch']}, {ready['threads']} threads)",
+        "size": size,
+        "plan_compile_s": None,
+        "update_compile_s": None,
+        "plan_times": [],
+        "update_times": [],
+        "time_plan": lambda: ask("plan"),
+        "time_update": lambda: ask("update"),
+        "params": lambda: ready["params"],
     }
 
 
@@ -78,20 +140,23 @@ def main() -> None:
     parser.add_argument("--obs-dim", type=int, default=3)
     parser.add_argument("--action-dim", type=int, default=1)
     parser.add_argument("--impl", action="append", help="package to time (default sb3_worldmodels)")
+    parser.add_argument("--reference-src", help="the reference's tdmpc2/ source folder (b67b21c)")
+    parser.add_argument("--reference-python", default=sys.executable, help="Python for the reference")
     args = parser.parse_args()
     builds = [
         build(size, args.obs_dim, args.action_dim, impl)
         for size in args.size or [1, 5]
         for impl in args.impl or ["sb3_worldmodels"]
     ]
+    if args.reference_src:
+        builds += [
+            build_reference(size, args.obs_dim, args.action_dim, args.reference_src, args.reference_python)
+            for size in args.size or [1, 5]
+        ]
     for _ in range(args.repeats):
         for b in builds:
-            t = time.perf_counter()
-            jax.block_until_ready(b["plan"](b["state"]))
-            b["plan_times"].append(time.perf_counter() - t)
-            t = time.perf_counter()
-            b["state"] = jax.block_until_ready(b["update"](b["state"]))
-            b["update_times"].append(time.perf_counter() - t)
+            b["plan_times"].append(b["time_plan"]())
+            b["update_times"].append(b["time_update"]())
     for b in builds:
         plan_ms = float(np.median(b["plan_times"]) * 1e3)
         update_ms = float(np.median(b["update_times"]) * 1e3)
@@ -100,7 +165,7 @@ def main() -> None:
                 {
                     "impl": b["impl"],
                     "size": b["size"],
-                    "params": int(sum(x.size for x in jax.tree_util.tree_leaves(b["state"].params))),
+                    "params": b["params"](),
                     "plan_ms": round(plan_ms, 1),
                     "update_ms": round(update_ms, 1),
                     "agent_steps_per_s": round(1e3 / (plan_ms + update_ms), 2),
