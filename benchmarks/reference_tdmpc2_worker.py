@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 
@@ -90,6 +91,9 @@ def main() -> None:
             agent.act(obs, t0=False)
         elif what == "update":
             agent.update(buffer)
+        elif what == "peak_rss_mb":
+            print(json.dumps({what: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
+            continue
         else:
             break
         print(json.dumps({what: time.perf_counter() - t}), flush=True)

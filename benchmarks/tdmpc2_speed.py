@@ -130,7 +130,12 @@ def build_reference(size: int, obs_dim: int, action_dim: int, src: str, python: 
         "time_plan": lambda: ask("plan"),
         "time_update": lambda: ask("update"),
         "params": lambda: ready["params"],
+        "peak_rss_mb": lambda: ask("peak_rss_mb"),
     }
+
+
+def own_peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:
@@ -171,7 +176,7 @@ def main() -> None:
                     "agent_steps_per_s": round(1e3 / (plan_ms + update_ms), 2),
                     "plan_compile_s": b["plan_compile_s"],
                     "update_compile_s": b["update_compile_s"],
-                    "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                    "peak_rss_mb": round(b.get("peak_rss_mb", own_peak_rss_mb)()),
                     "machine": f"{platform.machine()} {jax.devices()[0].platform}",
                     "jax": jax.__version__,
                 }
