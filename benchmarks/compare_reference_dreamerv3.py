@@ -1,6 +1,6 @@
 """Our DreamerV3 learning check against the reference code's own run of the same task, row for row.
 
-    python benchmarks/compare_reference_dreamerv3.py \
+    python benchmarks/compare_reference_dreamerv3.py --stats \
         benchmarks/results/checkpoints/dreamerv3_cartpole_seed1 /path/to/reference_logdir \
         --svg docs/figures/dreamerv3_cartpole_reference.svg
 
@@ -9,7 +9,8 @@ episode to ``scores.jsonl`` (``step`` = rows collected) and its training statist
 ``metrics.jsonl``; our checkpointed learning scripts keep the same returns in ``progress.json``
 (``train_curve``) and the statistics in ``log_from_*/progress.csv``. Printed per window of rows:
 the number and mean return of the training episodes that ended in it (the sampling policy, as in
-the check), and the continue head's loss on terminal rows where both logged it.
+the check), and the continue head's loss on terminal rows where both logged it; with ``--stats``,
+the training statistics both log (losses, returns, values, advantages, entropies), side by side.
 """
 
 from __future__ import annotations
@@ -44,9 +45,34 @@ def reference(logdir: Path) -> tuple[list[tuple[int, float]], list[tuple[int, di
     stats = []
     for line in (logdir / "metrics.jsonl").read_text().splitlines():
         entry = json.loads(line)
-        if "train/constats/neg_loss" in entry:
+        if "train/dyn_loss" in entry:
             stats.append((int(entry["step"]), entry))
     return sorted(set(episodes)), stats
+
+
+# Our training statistic -> the reference's name for the same quantity (batch means of one update).
+PAIRED_STATS = {
+    "train/dyn_loss": "train/dyn_loss",
+    "train/rep_loss": "train/rep_loss",
+    "train/rew_loss": "train/reward_loss",
+    "train/con_loss": "train/cont_loss",
+    "train/actor_loss": "train/actor_loss",
+    "train/critic_loss": "train/critic_loss",
+    "train/repval_loss": "train/replay_critic_loss",
+    "train/return_mean": "train/ret/mean",
+    "train/value_mean": "train/val/mean",
+    "train/adv_mean": "train/adv/mean",
+    "train/weight_mean": "train/weight/mean",
+    "train/imag_reward_mean": "train/rew/mean",
+    "train/actor_entropy": "train/ent/action/mean",
+    "train/post_entropy": "train/post_ent/mean",
+    "train/prior_entropy": "train/prior_ent/mean",
+    "train/grad_norm": "train/opt_grad_norm",
+}
+
+
+def fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
 
 
 def window_mean(episodes: list[tuple[int, float]], lo: int, hi: int) -> tuple[int, float | None]:
@@ -66,6 +92,7 @@ def main() -> None:
     parser.add_argument("reference", type=Path, help="the reference's logdir (scores.jsonl, metrics.jsonl)")
     parser.add_argument("--window", type=int, default=2_000)
     parser.add_argument("--svg", type=Path, default=None)
+    parser.add_argument("--stats", action="store_true", help="also the paired training statistics")
     args = parser.parse_args()
     our_eps, our_stats = ours(args.ours)
     ref_eps, ref_stats = reference(args.reference)
@@ -80,10 +107,17 @@ def main() -> None:
         neg_o = stat_near(our_stats, lo, hi, "train/constats/neg_loss")
         neg_r = stat_near(ref_stats, lo, hi, "train/constats/neg_loss")
 
-        def fmt(x: float | None) -> str:
-            return "-" if x is None else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
-
         print(f"{lo}-{hi} | {n_o}, {fmt(m_o)} | {n_r}, {fmt(m_r)} | {fmt(neg_o)} / {fmt(neg_r)}")
+    if args.stats:
+        print("\nstatistic (ours / reference), mean over the updates logged in each window")
+        print("rows | " + " | ".join(k.removeprefix("train/") for k in PAIRED_STATS))
+        for lo in range(0, end, args.window):
+            hi = lo + args.window
+            cells = []
+            for mine, theirs in PAIRED_STATS.items():
+                o, r = stat_near(our_stats, lo, hi, mine), stat_near(ref_stats, lo, hi, theirs)
+                cells.append(f"{fmt(o)} / {fmt(r)}")
+            print(f"{lo}-{hi} | " + " | ".join(cells))
     if args.svg is not None:
         series = [
             {
