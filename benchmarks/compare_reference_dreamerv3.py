@@ -46,6 +46,9 @@ def reference(logdir: Path) -> tuple[list[tuple[int, float]], list[tuple[int, di
     for line in (logdir / "metrics.jsonl").read_text().splitlines():
         entry = json.loads(line)
         if "train/dyn_loss" in entry:
+            # The reference does not log its normaliser's scale; ret_normed = (ret - offset) / scale.
+            if entry.get("train/ret_normed/std"):
+                entry["train/ret_scale"] = entry["train/ret/std"] / entry["train/ret_normed/std"]
             stats.append((int(entry["step"]), entry))
     return sorted(set(episodes)), stats
 
@@ -60,10 +63,16 @@ PAIRED_STATS = {
     "train/critic_loss": "train/critic_loss",
     "train/repval_loss": "train/replay_critic_loss",
     "train/return_mean": "train/ret/mean",
+    "train/return_std": "train/ret/std",
+    "train/return_min": "train/ret/min",
+    "train/return_max": "train/ret/max",
+    "train/retnorm_scale": "train/ret_scale",
     "train/value_mean": "train/val/mean",
+    "train/value_std": "train/val/std",
     "train/adv_mean": "train/adv/mean",
     "train/weight_mean": "train/weight/mean",
     "train/imag_reward_mean": "train/rew/mean",
+    "train/imag_reward_std": "train/rew/std",
     "train/actor_entropy": "train/ent/action/mean",
     "train/post_entropy": "train/post_ent/mean",
     "train/prior_entropy": "train/prior_ent/mean",
