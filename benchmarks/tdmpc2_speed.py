@@ -72,23 +72,21 @@ def build(size: int, obs_dim: int, action_dim: int, impl: str = "sb3_worldmodels
         "plan_times": [],
         "update_times": [],
     }
-    built = {"state": state2}
+    current = state2
 
     def time_plan() -> float:
         t = time.perf_counter()
-        jax.block_until_ready(plan(built["state"].params, obs, prev, first, key))
+        jax.block_until_ready(plan(current.params, obs, prev, first, key))
         return time.perf_counter() - t
 
     def time_update() -> float:
+        nonlocal current
         t = time.perf_counter()
-        built["state"] = jax.block_until_ready(update(built["state"], batch)[0])
+        current = jax.block_until_ready(update(current, batch)[0])
         return time.perf_counter() - t
 
-    row.update(
-        time_plan=time_plan,
-        time_update=time_update,
-        params=lambda: int(sum(x.size for x in jax.tree_util.tree_leaves(built["state"].params))),
-    )
+    params = int(sum(x.size for x in jax.tree_util.tree_leaves(state2.params)))
+    row.update(time_plan=time_plan, time_update=time_update, params=lambda: params)
     return row
 
 
