@@ -41,6 +41,16 @@ CHECKPOINT_EVERY = 1_000
 RESULTS = Path(__file__).parent / "results"
 
 
+def make_task_env(task_name: str, seed: int = 0):
+    """One seeded env of the task (a VecEnv), with its action repeat."""
+    task = TASKS[task_name]
+    if task["env"].startswith("dm_control/"):
+        import shimmy  # noqa: F401  (registers dm_control ids)
+    repeat = task["action_repeat"]
+    wrapper = {"wrapper_class": ActionRepeat, "wrapper_kwargs": {"repeat": repeat}} if repeat > 1 else {}
+    return make_vec_env(task["env"], n_envs=1, seed=seed, **wrapper)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--task", choices=TASKS, default="pendulum")
@@ -64,10 +74,7 @@ def main() -> None:
     checkpoint = args.checkpoint or RESULTS / "checkpoints" / name
 
     def make_env(seed: int = 0):
-        if task["env"].startswith("dm_control/"):
-            import shimmy  # noqa: F401  (registers dm_control ids)
-        wrapper = {"wrapper_class": ActionRepeat, "wrapper_kwargs": {"repeat": repeat}} if repeat > 1 else {}
-        return make_vec_env(task["env"], n_envs=1, seed=seed, **wrapper)
+        return make_task_env(args.task, seed)
 
     def make_model() -> TDMPC2:
         return TDMPC2(

@@ -6,6 +6,8 @@ ChainEnv shapes and tiny settings so each compiles once per worker.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 
 import gymnasium as gym
@@ -127,3 +129,29 @@ def test_her_and_action_noise_are_refused(agent):
 def test_env_checker_accepts_the_env_helpers():
     check_env(make_dmc_env("cartpole-balance", action_repeat=2))
     check_env(ActionRepeat(gym.make("Pendulum-v1"), 2))
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_every_argument_is_kept_under_its_own_name(agent):
+    """SB3's base classes store some arguments under the same names (``tau``, ``gamma``, ...): a
+    constructor argument must survive that, and every config field must reach the config."""
+    cls, settings = SETTINGS[agent]
+    model = build(agent)
+    signature = inspect.signature(cls.__init__).parameters
+    for name, param in signature.items():
+        given = settings.get(name, param.default)
+        if name in ("self", "policy", "env") or given is None or not isinstance(given, (int, float, str)):
+            continue
+        if name in ("device", "stats_window_size", "_init_setup_model"):  # SB3's own: resolved or private
+            continue
+        assert getattr(model, name) == given, name
+    config = model.config
+    for field in dataclasses.fields(config):
+        if getattr(model, field.name, None) is not None and field.name != "lr":  # None: the preset's
+            assert getattr(config, field.name) == getattr(model, field.name), field.name
+
+
+def test_tdmpc2_target_rate_reaches_the_update():
+    model = build("tdmpc2", tau=0.02)
+    assert model.tau == 0.02 and model.config.tau == 0.02
+    assert build("tdmpc2").config.tau == 0.01  # the reference's default, not SB3's

@@ -15,6 +15,7 @@ import pytest
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks as N
 from sb3_worldmodels.tdmpc2.config import discount_from_episode_length, preset
+from sb3_worldmodels.tdmpc2.reference_weights import params_from_state_dict
 
 FIX = Path(__file__).parent / "fixtures" / "tdmpc2"
 # The fixtures' configuration: size 1, obs 3, action 1, episode length 500, batch 8, dropout disabled.
@@ -28,53 +29,12 @@ def load(name: str) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
-def _layer(sd: dict, prefix: str, normed: bool) -> dict:
-    layer = {"kernel": sd[f"{prefix}.weight"].T, "bias": sd[f"{prefix}.bias"]}
-    if normed:
-        layer["ln_scale"], layer["ln_bias"] = sd[f"{prefix}.ln.weight"], sd[f"{prefix}.ln.bias"]
-    return layer
-
-
-def _module(sd: dict, prefix: str, n: int) -> dict:
-    return {
-        str(i): _layer(sd, f"{prefix}.{i}", i < n - 1 or prefix.endswith(("encoder.state", "dynamics")))
-        for i in range(n)
-    }
-
-
-def _ensemble(sd: dict, prefix: str) -> dict:
-    """``_Qs.params.j``: j // 4 is the member layer (0, 1 normed), 8/9 the last layer's weight/bias."""
-    p = [sd[f"{prefix}.params.{j}"] for j in range(10)]
-    layers = {}
-    for i in range(2):
-        w, b, s, o = p[4 * i : 4 * i + 4]
-        layers[str(i)] = {"kernel": np.swapaxes(w, 1, 2), "bias": b, "ln_scale": s, "ln_bias": o}
-    layers["2"] = {"kernel": np.swapaxes(p[8], 1, 2), "bias": p[9]}
-    return layers
-
-
-def from_state_dict(sd: dict, episodic: bool = False) -> tuple[dict, dict]:
-    """A reference ``state_dict`` (PyTorch layouts) → our (params, target Qs)."""
-    params = {
-        "encoder": _module(sd, "_encoder.state", 2),
-        "dynamics": _module(sd, "_dynamics", 3),
-        "reward": _module(sd, "_reward", 3),
-        "pi": _module(sd, "_pi", 3),
-        "qs": _ensemble(sd, "_Qs"),
-    }
-    if episodic:
-        params["termination"] = _module(sd, "_termination", 3)
-    target = _ensemble(sd, "_target_Qs")
-    to_jax = lambda tree: jax.tree_util.tree_map(jnp.asarray, tree)  # noqa: E731
-    return to_jax(params), to_jax(target)
-
-
 def rerandomised(episodic: bool = False) -> tuple[dict, dict]:
     sd = {**load("params_init.npz"), **load("params_rerand_overrides.npz")}
     if episodic:
         sd.update(load("episodic_params_termination_init.npz"))
         sd.update(load("episodic_params_termination_overrides.npz"))
-    return from_state_dict(sd, episodic)
+    return params_from_state_dict(sd, episodic)
 
 
 def close(actual, expected, rtol=RTOL, atol=ATOL, err=""):
@@ -113,7 +73,7 @@ def test_policy_head_arithmetic():
 def test_parameter_layout_matches_reference_init():
     """Our tree has the reference's shapes; init zeroes the reward and Q output layers, targets = online."""
     ours, target = N.init_params(CONFIG, jax.random.PRNGKey(0))
-    ref, ref_target = from_state_dict(load("params_init.npz"))
+    ref, ref_target = params_from_state_dict(load("params_init.npz"))
     shapes = lambda t: jax.tree_util.tree_map(lambda x: x.shape, t)  # noqa: E731
     assert shapes(ours) == shapes(ref) and shapes(target) == shapes(ref_target)
     assert not np.any(ours["reward"]["2"]["kernel"]) and not np.any(ours["qs"]["2"]["kernel"])
@@ -134,7 +94,7 @@ def test_parameter_layout_matches_reference_init():
 def test_heads_match_reference(record):
     io = load(record)
     if record == "model_init_io.npz":
-        params, target = from_state_dict(load("params_init.npz"))
+        params, target = params_from_state_dict(load("params_init.npz"))
     else:
         params, target = rerandomised()
     c = CONFIG
@@ -290,7 +250,7 @@ def test_three_updates_match_reference():
             # The policy gradient passes log(1 - tanh(u)^2 + 1e-6), which magnifies ulp differences.
             rel = 1e-4 if ours in ("pi_loss", "pi_grad_norm") or k > 1 else 2e-5
             assert float(metrics[ours]) == pytest.approx(ref[theirs], rel=rel, abs=1e-6), (k, ours)
-    after, after_target = from_state_dict(load("params_after_update3.npz"))
+    after, after_target = params_from_state_dict(load("params_after_update3.npz"))
     theirs = dict(jax.tree_util.tree_leaves_with_path(after))
     for path, leaf in jax.tree_util.tree_leaves_with_path(state.params):
         _close_mostly(leaf, theirs[path], jax.tree_util.keystr(path))
@@ -402,7 +362,7 @@ def test_episodic_head_td_target_and_update():
         ref = meta[key]
         assert float(metrics[key]) == pytest.approx(ref, rel=1e-4), key
     delta = load("episodic_params_termination_after_update_delta.npz")
-    before = from_state_dict(
+    before = params_from_state_dict(
         {
             **load("params_init.npz"),
             **load("params_rerand_overrides.npz"),

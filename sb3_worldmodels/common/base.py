@@ -164,7 +164,9 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             buffer_size=buffer_size,
             learning_starts=learning_starts,
             batch_size=batch_size,
-            tau=1.0,
+            # OffPolicyAlgorithm stores its ``tau`` as self.tau: hand it the agent's own (TD-MPC2's
+            # target-Q rate, set before this call) so it is not overwritten.
+            tau=getattr(self, "tau", 1.0),
             gamma=0.99,
             train_freq=(1, "step"),
             gradient_steps=-1,
