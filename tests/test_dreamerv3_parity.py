@@ -59,14 +59,21 @@ import sb3_worldmodels.dreamerv3.agent as agent_module
 from sb3_worldmodels.blocks.math import symexp_bins, twohot_mean
 from sb3_worldmodels.dreamerv3 import agent as A
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config, preset
+from sb3_worldmodels.dreamerv3.reference_weights import (
+    REF_BINS,
+    flatten_tree,
+    params_from_reference,
+    path_to_ref,
+    ref_to_path,
+    to_ours,
+    unflatten,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dreamerv3"
 REF_JIT_ZERO_LOGITS_MEAN = np.float32(-0.1644754)
 """The reference's jitted two-hot mean of all-zero logits (fixture README "FMA"; spec §9.3)."""
 RECORDED = 1e9
 """Gumbel noise value that forces a recorded class (unimixed log-probs are within [log(0.01/C), 0])."""
-REF_BINS = 256
-"""The reference's reward/critic output width; its last logit is dropped, ours has ``config.bins``."""
 
 AGENTS = {
     "discrete": dict(prefix="agent1m_", obs_dim=4, action_dim=2, discrete=True, param_count=637_511),
@@ -126,89 +133,9 @@ def config_for(agent: str) -> DreamerV3Config:
     )
 
 
-def ref_to_path(name: str) -> tuple[str, tuple[str, ...]] | None:
-    """Reference state name -> ("params" | "slow_critic", path in that tree); None for non-parameters.
-
-    Raises KeyError for any name this mapping does not know, so that nothing is silently ignored.
-    """
-    parts = name.split("/")
-    if parts[0] != "agent" or len(parts) < 3:
-        raise KeyError(f"unmapped reference name {name!r}")
-    module, rest = parts[1], parts[2:]
-    if module in ("opt", "retnorm", "updater"):
-        return None
-    if module not in ("enc", "dyn", "dec", "rew", "con", "actor", "critic", "slowcritic"):
-        raise KeyError(f"unmapped reference module in {name!r}")
-    if rest[:2] == ["dist", "out"] and module in ("rew", "con", "critic", "slowcritic"):
-        rest = ["out", *rest[2:]]
-    elif rest[:2] == ["out_vector", "out"] and module == "dec":
-        rest = ["out_vector", *rest[2:]]
-    elif rest[:1] == ["action"] and module == "actor" and rest[1:2] in (["out"], ["std"]):
-        rest = rest[1:]
-    leaf_ok = (len(rest) == 2 and rest[1] in ("kernel", "bias")) or (
-        len(rest) == 3 and rest[1:] == ["norm", "scale"]
-    )
-    if not leaf_ok or rest[0] in ("dist", "action"):
-        raise KeyError(f"unmapped reference name {name!r}")
-    if module == "slowcritic":
-        return "slow_critic", tuple(rest)
-    return "params", (module, *rest)
-
-
-def path_to_ref(path: tuple[str, ...]) -> str:
-    """Our params path (module, ...) -> the reference's state name."""
-    module, *rest = path
-    if module in ("rew", "con", "critic") and rest[0] == "out":
-        rest = ["dist", "out", *rest[1:]]
-    elif module == "dec" and rest[0] == "out_vector":
-        rest = ["out_vector", "out", *rest[1:]]
-    elif module == "actor" and rest[0] in ("out", "std"):
-        rest = ["action", *rest]
-    return "/".join(["agent", module, *rest])
-
-
-def to_ours(value: np.ndarray, path: tuple[str, ...], config: DreamerV3Config) -> np.ndarray:
-    """Drop the reference's padding logit (256th bin) of reward/critic output layers."""
-    if path[-2:-1] == ("out",) and path[0] in ("rew", "critic", "slowcritic"):
-        assert value.shape[-1] == REF_BINS, (path, value.shape)
-        return value[..., : config.bins]
-    return value
-
-
-def flatten_tree(tree: Any) -> dict[tuple[str, ...], np.ndarray]:
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {
-        tuple(str(k.key) for k in path): leaf if isinstance(leaf, jax.ShapeDtypeStruct) else np.asarray(leaf)
-        for path, leaf in leaves
-    }
-
-
-def unflatten(flat: dict[tuple[str, ...], np.ndarray]) -> dict:
-    tree: dict = {}
-    for path, value in flat.items():
-        node = tree
-        for p in path[:-1]:
-            node = node.setdefault(p, {})
-        node[path[-1]] = jnp.asarray(value)
-    return tree
-
-
 def fixture_params(flat: dict[str, np.ndarray], config: DreamerV3Config) -> tuple[dict, dict]:
     """Reference state -> (params, slow critic) trees, checked against our own init structure."""
-    out: dict[str, dict] = {"params": {}, "slow_critic": {}}
-    for name, value in flat.items():
-        where = ref_to_path(name)
-        if where is None:
-            continue
-        tree, path = where
-        key = ("slowcritic", *path) if tree == "slow_critic" else path
-        out[tree][path] = to_ours(value, key, config)
-    ours, ours_slow = jax.eval_shape(lambda key: A.init_params(config, key), jax.random.PRNGKey(0))
-    for tree, template in (("params", ours), ("slow_critic", ours_slow)):
-        want = {p: v.shape for p, v in flatten_tree(template).items()}
-        got = {p: v.shape for p, v in out[tree].items()}
-        assert got == want, f"{tree}: missing {set(want) - set(got)}, unexpected {set(got) - set(want)}"
-    return unflatten(out["params"]), unflatten(out["slow_critic"])
+    return params_from_reference(flat, config)
 
 
 def fixture_grads(train: dict[str, np.ndarray], config: DreamerV3Config) -> dict[tuple[str, ...], np.ndarray]:
