@@ -279,6 +279,10 @@ def test_fixture_names_map_one_to_one() -> None:
         ref_to_path("agent/enc/unknown_layer/weights")
     with pytest.raises(KeyError):
         ref_to_path("agent/newmodule/h0/kernel")
+    # The reference's gym wrapper names a vector observation "image": the same decoder output layer.
+    assert ref_to_path("agent/dec/out_image/out/kernel") == ("params", ("dec", "out_vector", "kernel"))
+    with pytest.raises(ValueError, match="missing"):  # a checkpoint of another configuration
+        params_from_reference({k: v for k, v in flat.items() if "/actor/" not in k}, config)
 
 
 @pytest.mark.parametrize("step", [1, 2])

@@ -83,6 +83,8 @@ def test_parameter_layout_matches_reference_init():
     assert abs(kernel.std() - 0.02) < 1e-3 and abs(kernel.mean()) < 1e-3
     trainable = sum(x.size for x in jax.tree_util.tree_leaves(ours))
     assert trainable == json.loads((FIX / "params_init.json").read_text())["trainable_param_count"]
+    with pytest.raises(KeyError, match="_pi"):  # not a TD-MPC2 WorldModel state_dict
+        params_from_state_dict({k: v for k, v in load("params_init.npz").items() if not k.startswith("_pi")})
 
 
 # ------------------------------------------------------------------------------------------------
