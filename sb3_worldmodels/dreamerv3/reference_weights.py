@@ -3,11 +3,14 @@
 The reference names its variables ``agent/<module>/<layer>/{kernel,bias}`` and
 ``agent/<module>/<layer>/norm/scale`` (the keys of its checkpoint's ``"agent"`` entry and of the
 recorded fixtures). They map onto :func:`~sb3_worldmodels.dreamerv3.agent.init_params`' trees with
-three renamings (the distribution heads' ``dist/out``, the decoder's ``out_<key>/out`` (its one
-vector observation, named "vector" in the recorded fixtures and "image" by the reference's gym
-wrapper) and the
-actor's ``action/{out,std}``) and one cut: the reward and critic output layers have 256 logits, the
-last of which the reference never reads, where ours have ``config.bins`` (255).
+three renamings and one cut:
+
+- the distribution heads' ``dist/out`` is our ``out``;
+- the decoder's ``out_<key>/out`` is our ``out_vector`` (its one vector observation, named "vector"
+  in the recorded fixtures and "image" by the reference's gym wrapper);
+- the actor's ``action/{out,std}`` is our ``{out,std}``;
+- the reward and critic output layers have 256 logits, the last of which the reference never reads;
+  ours have ``config.bins`` (255).
 
 Used by the parity tests (recorded parameters) and to run a reference checkpoint with our agent.
 """
