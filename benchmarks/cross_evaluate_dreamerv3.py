@@ -15,15 +15,12 @@ paper-era settings; the reference must have been run with the matching sizes.
 from __future__ import annotations
 
 import argparse
-import json
 import pickle
-import time
 from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 from dreamerv3_learning import PAPER_ERA, TASKS
-from stable_baselines3.common.evaluation import evaluate_policy
+from evaluation import evaluate_agent_states
 from stable_baselines3.common.monitor import Monitor
 
 from sb3_worldmodels import DreamerV3
@@ -49,29 +46,17 @@ def main() -> None:
         checkpoint = pickle.load(f)  # the reference's own file: a dict of numpy arrays
     params, slow = params_from_reference(checkpoint["agent"], model.config)
     print(f"reference checkpoint at {checkpoint.get('step')} rows", flush=True)
-    candidates = [("reference weights", params, slow)]
+    agent = model.policy.state["agent"]
+    candidates = [("reference weights", agent._replace(params=params, slow_critic=slow))]
     if args.own:
-        own = model.policy.state["agent"]
-        candidates.append(("own weights", own.params, own.slow_critic))
-    for label, p, s in candidates:
-        state = model.policy.state
-        model.policy.state = {**state, "agent": state["agent"]._replace(params=p, slow_critic=s)}
+        candidates.append(("own weights", agent))
+
+    def make_env() -> Monitor:
         env = Monitor(gym.make(task["env"]))
         env.reset(seed=args.seed)  # the same episodes for every candidate
-        start = time.time()
-        rewards, _ = evaluate_policy(
-            model,
-            env,
-            n_eval_episodes=args.episodes,
-            deterministic=args.deterministic,
-            return_episode_rewards=True,
-        )
-        row = {
-            "episodes": [round(float(r), 1) for r in rewards],
-            "mean": round(float(np.mean(rewards)), 1),
-            "seconds": round(time.time() - start, 1),
-        }
-        print(label, json.dumps(row), flush=True)
+        return env
+
+    evaluate_agent_states(model, candidates, make_env, args.episodes, args.deterministic)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,9 @@ the checkpoint's, and evaluated deterministically (the reference's eval mode) on
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 
-import numpy as np
-from stable_baselines3.common.evaluation import evaluate_policy
+from evaluation import evaluate_agent_states
 from tdmpc2_learning import TASKS, make_task_env
 
 from sb3_worldmodels import TDMPC2
@@ -49,25 +46,13 @@ def main() -> None:
         )
     state_dict = torch.load(args.reference, map_location="cpu", weights_only=True)["model"]
     params, target = params_from_state_dict(state_dict, episodic=model.episodic)
-    rows = {}
-    candidates = [("reference weights", (params, target))]
+    agent = model.policy.state["agent"]
+    candidates = [("reference weights", agent._replace(params=params, target_qs=target))]
     if args.own:
-        own = model.policy.state["agent"]
-        candidates.append(("own weights", (own.params, own.target_qs)))
-    for label, (p, t) in candidates:
-        state = model.policy.state
-        model.policy.state = {**state, "agent": state["agent"]._replace(params=p, target_qs=t)}
-        env = make_task_env(args.task, args.seed)  # the same episodes for every candidate
-        start = time.time()
-        rewards, _ = evaluate_policy(
-            model, env, n_eval_episodes=args.episodes, deterministic=True, return_episode_rewards=True
-        )
-        rows[label] = {
-            "episodes": [round(float(r), 1) for r in rewards],
-            "mean": round(float(np.mean(rewards)), 1),
-            "seconds": round(time.time() - start, 1),
-        }
-        print(label, json.dumps(rows[label]), flush=True)
+        candidates.append(("own weights", agent))
+    evaluate_agent_states(
+        model, candidates, lambda: make_task_env(args.task, args.seed), args.episodes, deterministic=True
+    )
 
 
 if __name__ == "__main__":

@@ -232,3 +232,28 @@ def run_record() -> dict:
         "ld_preload": os.environ.get("LD_PRELOAD", ""),
         "date": time.strftime("%Y-%m-%d"),
     }
+
+
+def evaluate_agent_states(
+    model: BaseAlgorithm,
+    candidates: list[tuple[str, Any]],
+    make_env: Callable[[], Any],
+    episodes: int,
+    deterministic: bool,
+) -> None:
+    """Evaluate ``model`` with each (label, agent state) of ``candidates`` in turn (the state put in
+    ``model.policy.state["agent"]``), each on the same episodes (a fresh ``make_env()``), and print one
+    JSON row per candidate: the episode returns, their mean and the seconds taken."""
+    for label, agent_state in candidates:
+        model.policy.state = {**model.policy.state, "agent": agent_state}
+        env = make_env()
+        start = time.time()
+        rewards, _ = evaluate_policy(
+            model, env, n_eval_episodes=episodes, deterministic=deterministic, return_episode_rewards=True
+        )
+        row = {
+            "episodes": [round(float(r), 1) for r in rewards],
+            "mean": round(float(np.mean(rewards)), 1),
+            "seconds": round(time.time() - start, 1),
+        }
+        print(label, json.dumps(row), flush=True)

@@ -18,6 +18,7 @@ until the last step).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -73,8 +74,7 @@ def main() -> None:
     name = f"tdmpc2_{args.task}_seed{args.seed}{suffix}"
     checkpoint = args.checkpoint or RESULTS / "checkpoints" / name
 
-    def make_env(seed: int = 0):
-        return make_task_env(args.task, seed)
+    make_env = functools.partial(make_task_env, args.task)
 
     def make_model() -> TDMPC2:
         return TDMPC2(

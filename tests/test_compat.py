@@ -147,7 +147,7 @@ def test_every_argument_is_kept_under_its_own_name(agent):
         assert getattr(model, name) == given, name
     config = model.config
     for field in dataclasses.fields(config):
-        if getattr(model, field.name, None) is not None and field.name != "lr":  # None: the preset's
+        if getattr(model, field.name, None) is not None:  # None: the preset's
             assert getattr(config, field.name) == getattr(model, field.name), field.name
 
 

@@ -133,11 +133,6 @@ def config_for(agent: str) -> DreamerV3Config:
     )
 
 
-def fixture_params(flat: dict[str, np.ndarray], config: DreamerV3Config) -> tuple[dict, dict]:
-    """Reference state -> (params, slow critic) trees, checked against our own init structure."""
-    return params_from_reference(flat, config)
-
-
 def fixture_grads(train: dict[str, np.ndarray], config: DreamerV3Config) -> dict[tuple[str, ...], np.ndarray]:
     grads = {}
     for name, value in train.items():
@@ -223,7 +218,7 @@ def run(request: pytest.FixtureRequest) -> dict[str, Any]:
     agent = request.param
     prefix = AGENTS[agent]["prefix"]
     config = config_for(agent)
-    params, slow = fixture_params(load(f"{prefix}params_init"), config)
+    params, slow = params_from_reference(load(f"{prefix}params_init"), config)
     state = A.DreamerState(
         params=params,
         slow_critic=slow,
@@ -265,7 +260,7 @@ def test_fixture_names_map_one_to_one() -> None:
     for agent, spec in AGENTS.items():
         config = config_for(agent)
         flat = load(f"{spec['prefix']}params_init")
-        params, slow = fixture_params(flat, config)
+        params, slow = params_from_reference(flat, config)
         ours_count = sum(v.size for v in flatten_tree(params).values())
         padding = 2 * (config.units + 1)  # the dropped 256th column (kernel + bias) of rew and critic
         assert ours_count + padding == spec["param_count"] == A.param_count(config) + padding
@@ -509,7 +504,7 @@ def test_optimizer_on_reference_gradients(agent: str) -> None:
     state after both updates and the second (first nonzero) update, to the fixture's stated tolerance."""
     prefix = AGENTS[agent]["prefix"]
     config = config_for(agent)
-    params, _ = fixture_params(load(f"{prefix}params_init"), config)
+    params, _ = params_from_reference(load(f"{prefix}params_init"), config)
     optimizer = A.make_optimizer(config)
     opt_state = optimizer.init(params)
     update = jax.jit(optimizer.update)
@@ -601,7 +596,7 @@ def test_twohot_mean_is_the_only_difference() -> None:
     zero = jax.jit(twohot_mean)(jnp.zeros((3, config.bins)), bins)
     np.testing.assert_array_equal(np.asarray(zero), 0.0)
 
-    params, slow = fixture_params(load(f"{prefix}params_init"), config)
+    params, slow = params_from_reference(load(f"{prefix}params_init"), config)
     batch = fixture_batch(load(f"{prefix}batch"), config)
     loss = jax.jit(A.loss_fn, static_argnames="config")
     _, aux = loss(config, params, slow, A.percentile_norm_init(), batch, recorded_noise(fw, config))
