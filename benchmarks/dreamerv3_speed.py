@@ -2,8 +2,14 @@
 
     python benchmarks/dreamerv3_speed.py --config seeds      # CartPole-v1, 4 envs, 8,000 rows, "1m",
                                                              # batch 8x16, train ratio 8
+    python benchmarks/dreamerv3_speed.py --config paper      # CartPole-v1, "1m", 16 envs, 16x64, ratio 512
+                                                             # (the learning checks' settings)
     python benchmarks/dreamerv3_speed.py --config default    # Pendulum-v1, "12m", 16 envs, 16x64, ratio 512
     python benchmarks/dreamerv3_speed.py --config update-1m  # one "1m" update at 16x64
+
+The learning runs also report where the timed (post-compilation) seconds went: the env steps, the
+policy step with its transfers, the replay writes, the replay sampling, the updates (the jitted
+training calls with their transfers and latent write-backs) and the rest of SB3's loop.
 
 Prints one JSON line per run; copy the results into docs/performance.md with the machine and date.
 """
@@ -11,6 +17,7 @@ Prints one JSON line per run; copy the results into docs/performance.md with the
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import platform
 import resource
@@ -31,10 +38,16 @@ CONFIGS = {
         rows=8_000,
         kwargs=dict(model_size="1m", batch_size=8, batch_length=16, train_ratio=8),
     ),
+    "paper": dict(
+        env="CartPole-v1",
+        n_envs=16,
+        rows=3_000,  # about 600 updates after the first
+        kwargs=dict(model_size="1m", batch_size=16, batch_length=64, train_ratio=512),
+    ),
     "default": dict(
         env="Pendulum-v1",
         n_envs=16,
-        rows=2_400,
+        rows=1_300,  # about 120 "12m" updates after the first (each about 4 s on 2 cores)
         kwargs=dict(model_size="12m", batch_size=16, batch_length=64, train_ratio=512),
     ),
 }
@@ -44,17 +57,58 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_learning(name: str, seed: int) -> dict:
+class Stopwatch:
+    """Seconds spent in chosen methods of live objects (each wrapped on the instance, so only this
+    model's calls count)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+
+    def wrap(self, owner: object, method: str, label: str) -> None:
+        inner = getattr(owner, method)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds[label] += time.perf_counter() - start
+
+        setattr(owner, method, timed)
+
+
+def time_breakdown(model: DreamerV3) -> Stopwatch:
+    """Time the parts of the training loop: the env, the policy step (with its transfers), the
+    replay writes, the replay sampling and the training calls (jitted updates, their transfers and
+    the latent write-back, the sampling excluded below)."""
+    watch = Stopwatch()
+    watch.wrap(model.env, "step", "env_step")
+    watch.wrap(model, "_collect_act", "policy_step")
+    watch.wrap(model, "_collect_observe", "replay_add")
+    watch.wrap(model.replay_buffer, "sample", "replay_sample")
+    watch.wrap(model, "train", "train_calls")
+    return watch
+
+
+def run_learning(name: str, seed: int, rows: int | None = None) -> dict:
     spec = CONFIGS[name]
+    rows = rows or spec["rows"]
     model = DreamerV3(spec["env"], n_envs=spec["n_envs"], seed=seed, **spec["kwargs"])
-    warm_rows = 2 * (model.batch_length + 1) * model.n_envs
     t0 = time.perf_counter()
-    model.learn(warm_rows)  # includes compilation of the acting step and the update
+    model.learn(model.n_envs)  # compiles the acting step
+    while model._n_updates == 0:  # up to and including the first update (compiles it)
+        model.learn(model.n_envs, reset_num_timesteps=False)
     t1 = time.perf_counter()
+    warm_rows = model.num_timesteps
     updates0 = model._n_updates
-    model.learn(spec["rows"] - model.num_timesteps, reset_num_timesteps=False)
+    watch = time_breakdown(model)
+    model.learn(rows - model.num_timesteps, reset_num_timesteps=False)
     t2 = time.perf_counter()
     rows = model.num_timesteps
+    timed_updates = model._n_updates - updates0
+    parts = dict(watch.seconds)
+    parts["update"] = parts.pop("train_calls", 0.0) - parts.get("replay_sample", 0.0)
+    parts["other"] = (t2 - t1) - sum(parts.values())
     return {
         "config": name,
         "env": spec["env"],
@@ -65,10 +119,14 @@ def run_learning(name: str, seed: int) -> dict:
         "seconds_total": round(t2 - t0, 2),
         "rows_per_s_with_compile": round(rows / (t2 - t0), 1),
         "rows_per_s_after_compile": round((rows - warm_rows) / (t2 - t1), 1),
-        "updates_per_s_after_compile": round((model._n_updates - updates0) / (t2 - t1), 2),
+        "updates_per_s_after_compile": round(timed_updates / (t2 - t1), 2),
+        "ms_per_row_after_compile": round(1000 * (t2 - t1) / (rows - warm_rows), 2),
+        "warmup_rows": warm_rows,
         "warmup_seconds": round(t1 - t0, 2),
         "replay_bytes": model.replay_bytes_per_seed,
         "peak_rss_mb": round(peak_rss_mb(), 1),
+        "share_of_timed_seconds": {k: round(v / (t2 - t1), 3) for k, v in parts.items()},
+        "ms_per_update_in_loop": round(1000 * parts["update"] / max(timed_updates, 1), 1),
     }
 
 
@@ -116,11 +174,12 @@ def main() -> None:
     parser.add_argument("--config", default="seeds", choices=[*CONFIGS, "update-1m", "update-12m"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=None, help="total rows (default: the config's)")
     args = parser.parse_args()
     if args.config.startswith("update-"):
         result = run_update(args.config.split("-")[1], 16, 64, args.repeats)
     else:
-        result = run_learning(args.config, args.seed)
+        result = run_learning(args.config, args.seed, args.rows)
     result.update(
         machine=f"{platform.machine()} {jax.devices()[0].platform} x{jax.local_device_count()}",
         jax=jax.__version__,
