@@ -41,7 +41,7 @@ CONFIGS = {
     "paper": dict(
         env="CartPole-v1",
         n_envs=16,
-        rows=3_000,  # about 600 updates after the first
+        rows=3_000,  # about 1,000 updates after the first (training starts near 1,040 rows)
         kwargs=dict(model_size="1m", batch_size=16, batch_length=64, train_ratio=512),
     ),
     "default": dict(
