@@ -13,6 +13,7 @@ import json
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.wrappers import TimeLimit
 from stable_baselines3.common.callbacks import (
     CallbackList,
     CheckpointCallback,
@@ -50,8 +51,13 @@ SETTINGS = {
 AGENTS = list(SETTINGS)
 
 
+def limited_chain() -> gym.Env:
+    """ChainEnv with a TimeLimit that says its episode length (TD-MPC2 reads it for its discount)."""
+    return TimeLimit(ChainEnv(), 10)
+
+
 def chain(n: int = 1, monitor: bool = True):
-    return DummyVecEnv([(lambda: Monitor(ChainEnv())) if monitor else ChainEnv for _ in range(n)])
+    return DummyVecEnv([(lambda: Monitor(limited_chain())) if monitor else limited_chain for _ in range(n)])
 
 
 def build(agent: str, env=None, **kwargs):
@@ -68,7 +74,11 @@ def test_callbacks_one_by_one(agent, tmp_path):
     )
     no_improvement = StopTrainingOnNoModelImprovement(max_no_improvement_evals=1, min_evals=1)
     eval_cb = EvalCallback(
-        Monitor(ChainEnv()), eval_freq=10, n_eval_episodes=1, callback_after_eval=no_improvement, verbose=0
+        Monitor(limited_chain()),
+        eval_freq=10,
+        n_eval_episodes=1,
+        callback_after_eval=no_improvement,
+        verbose=0,
     )
     ckpt = CheckpointCallback(save_freq=15, save_path=str(tmp_path), name_prefix="m")
     model.learn(200, callback=CallbackList([every, LogEveryNTimesteps(n_steps=10), ckpt, eval_cb]))

@@ -355,7 +355,7 @@ def test_pure_forward_matches_the_flax_modules() -> None:
     trunks += [(p["actor"], "h", config.actor_layers)]
     dec_h, rew_h, con_h, critic_h, actor_h = N.mlp_trunks(feat, trunks)
     pairs += [
-        (N.decode(p["dec"], dec_h), apply(nets.dec, p["dec"], feat)),
+        (N.decode(config, p["dec"], dec_h), apply(nets.dec, p["dec"], feat)),
         (N.head_out(p["rew"], rew_h), apply(nets.rew, p["rew"], feat)),
         (N.head_out(p["con"], con_h), apply(nets.con, p["con"], feat)),
         (N.head_out(p["critic"], critic_h), apply(nets.critic, p["critic"], feat)),

@@ -32,6 +32,7 @@ TINY = dict(
     num_pi_trajs=4,
     iterations=2,
     seed_steps=30,
+    episode_length=1000,
     seed=0,
 )
 
@@ -75,6 +76,10 @@ def test_schedule_counts_seed_updates_then_one_per_step():
     model.learn(50)
     # Steps s = 0..49: seed_steps (30) updates at s = 30, then one per step for s = 31..49.
     assert model._n_updates == 30 + 19
+    # The fifth episode ended at the last step: as in the reference's loop, a finished episode is
+    # stored at the start of the next step, after the updates of the step that ended it.
+    assert model.replay_buffer.num_episodes == 4 and model.replay_buffer.stored_steps == 40
+    model.learn(1, reset_num_timesteps=False)
     assert model.replay_buffer.num_episodes == 5 and model.replay_buffer.stored_steps == 50
     two = tiny(chain_vec(2, length=10))
     two.learn(50)  # 25 vector steps of 2 agent steps

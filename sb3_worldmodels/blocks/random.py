@@ -1,4 +1,4 @@
-"""Cheap random masks for dropout.
+"""Randomness helpers: cheap dropout masks, and keys derived from data.
 
 ``jax.random.bernoulli`` runs Threefry-2x32 (20 rounds) per pair of elements; XLA's CPU code for it
 takes about 18 ns per element on this project's 2-core machine, which made TD-MPC2's Q dropout (a
@@ -40,3 +40,9 @@ def hash_bernoulli(key: Array, p: float, shape: tuple[int, ...]) -> Array:
     index = jax.lax.iota(jnp.uint32, int(np.prod(shape))).reshape(shape)
     threshold = jnp.uint32(min(round(p * 2.0**32), 2**32 - 1))
     return mix32(mix32(index ^ seed[0]) + seed[1]) < threshold
+
+
+@jax.jit
+def fold_in_rows(key: Array, data: Array) -> Array:
+    """One key per row: ``fold_in(key, data[i])`` for (n,) uint32 ``data`` → (n, 2) keys."""
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, data)

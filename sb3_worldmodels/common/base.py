@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from stable_baselines3.common.utils import should_collect_more_steps
 from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 from stable_baselines3.her.her_replay_buffer import HerReplayBuffer
 
+from sb3_worldmodels.blocks.random import fold_in_rows
 from sb3_worldmodels.common.boundary import ActionAdapter, ObservationAdapter
 from sb3_worldmodels.common.callbacks import WorldModelCallback
 from sb3_worldmodels.common.envs import ActionRepeat, vec_env_from_gymnasium
@@ -229,6 +231,8 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         )
         self.policy = JaxPolicy(self.observation_space, self.action_space)
         self.policy.state = self._build_state()
+        # SB3 code reads ``model.gamma`` (e.g. for n-step returns or logging): the agent's own discount.
+        self.gamma = self._discount()
         self._convert_train_freq()
         self._rollout = None
         self._predict_calls = 0
@@ -238,6 +242,10 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
 
     def _build_state(self) -> Any:
         """The agent's initial state pytree (params, optimiser, RNG keys, statistics)."""
+        raise NotImplementedError
+
+    def _discount(self) -> float:
+        """The discount factor the agent's returns use (called after :meth:`_build_state`)."""
         raise NotImplementedError
 
     def _excluded_save_params(self) -> list[str]:
@@ -442,6 +450,20 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
                 observation = np.asarray(observation)[None]
         return self.obs_adapter.flatten(observation), vectorized
 
+    def _predict_keys(self, deterministic: bool, *inputs: np.ndarray) -> jax.Array:
+        """(n, 2) PRNG keys for a ``predict`` call on n rows, one per row.
+
+        ``deterministic=True``: each row's key is derived from that row's inputs (observation and
+        state), so the same inputs give the same action whatever came before and across save/load.
+        Otherwise the keys come from the model's predict stream, which advances with every call.
+        """
+        base = self.policy.state["predict_key"]
+        if deterministic:
+            return fold_in_rows(base, row_digests(*inputs))
+        key = jax.random.fold_in(base, self._predict_calls)
+        self._predict_calls += 1
+        return jax.random.split(key, len(inputs[0]))
+
     def _count_stateless_predict(self, state: Any, episode_start: Any, consequence: str) -> None:
         """Warn once per model when ``predict`` is called a second time in a row with neither ``state``
         nor ``episode_start`` (evaluate_policy passes ``episode_start`` from its first call on)."""
@@ -511,6 +533,14 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             extra = cb.on_post_update(dict(metrics)) or {}
             for key, value in extra.items():
                 self.logger.record(key, value)
+
+
+def row_digests(*arrays: Any) -> np.ndarray:
+    """(n,) uint32 CRC-32 of each row's bytes over ``arrays`` (each with a leading axis n)."""
+    rows = [np.ascontiguousarray(np.asarray(a)).reshape(len(a), -1) for a in arrays]
+    return np.array(
+        [zlib.crc32(b"".join(r[i].tobytes() for r in rows)) for i in range(len(rows[0]))], np.uint32
+    )
 
 
 def _aggregate(key: str, values: np.ndarray) -> float:

@@ -68,6 +68,13 @@ class ObservationAdapter:
     def dim(self) -> int:
         return int(sum(self.sizes))
 
+    @property
+    def decoder_keys(self) -> tuple[tuple[str, int], ...]:
+        """(key, width) per Dict key in the flat vector's order; empty for a flat Box (one vector)."""
+        if isinstance(self.space, spaces.Dict):
+            return tuple(zip(self.keys, self.sizes, strict=True))
+        return ()
+
     def is_batched(self, obs) -> bool:
         """Whether ``obs`` carries a leading batch axis (SB3's vectorised-observation test)."""
         if isinstance(self.space, spaces.Dict):

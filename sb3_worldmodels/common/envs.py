@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecEnvWrapper
 
 
 def _monitored(make):
@@ -65,6 +65,47 @@ class ActionRepeat(gym.Wrapper):
             if terminated or truncated:
                 break
         return obs, total, terminated, truncated, info
+
+
+def agent_steps_per_episode(env: gym.Env) -> int | None:
+    """The most agent steps an episode of ``env`` can have, where the env says so; else None.
+
+    Read from the outermost time limit found walking the wrapper chain inwards: a ``TimeLimit``
+    (``gym.make`` adds one from the spec's ``max_episode_steps``), else dm_control's own step limit
+    (shimmy's dm_control envs have no ``max_episode_steps``: the simulator ends the episode after
+    its time limit over the control timestep, 1,000 steps in the suite). The limit is divided by the
+    repeat of every :class:`ActionRepeat` wrapped around it (integer division, as the papers'
+    ``episode_length``: 1,000 simulator steps at repeat 2 are 500 agent steps).
+    """
+    repeat, current = 1, env
+    while True:
+        if isinstance(current, ActionRepeat):
+            repeat *= current.repeat
+        if isinstance(current, gym.wrappers.TimeLimit):
+            return max(1, int(current._max_episode_steps) // repeat)
+        if not isinstance(current, gym.Wrapper):
+            break
+        current = current.env
+    spec_limit = getattr(getattr(current, "spec", None), "max_episode_steps", None)
+    if spec_limit:
+        return max(1, int(spec_limit) // repeat)
+    step_limit = getattr(getattr(current, "_env", None), "_step_limit", None)  # dm_control.rl.control
+    if isinstance(step_limit, (int, float)) and np.isfinite(step_limit) and step_limit > 0:
+        return max(1, int(step_limit) // repeat)
+    return None
+
+
+def vec_agent_steps_per_episode(venv: VecEnv) -> int | None:
+    """:func:`agent_steps_per_episode` of a VecEnv's first env (in-process VecEnvs; for others only
+    the spec's ``max_episode_steps`` is known, without the action repeat)."""
+    inner: Any = venv
+    while isinstance(inner, VecEnvWrapper):
+        inner = inner.venv
+    if isinstance(inner, DummyVecEnv):
+        return agent_steps_per_episode(inner.envs[0])
+    spec = venv.get_attr("spec", [0])[0]
+    limit = getattr(spec, "max_episode_steps", None)
+    return int(limit) if limit else None
 
 
 class FlattenDictObservation(gym.ObservationWrapper):

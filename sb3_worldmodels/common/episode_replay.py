@@ -144,6 +144,20 @@ class EpisodeReplay(ReplayBuffer):
 
         Returns whether it was stored (an episode with no valid window is dropped)."""
         entries, self._open[env] = self._open[env], []
+        return self._store(entries)
+
+    def finish_episode(self, env: int) -> None:
+        """End the running episode of ``env`` without storing it yet: :meth:`store_finished` stores it.
+        (The reference's loop adds a finished episode to its buffer at the start of the next step.)"""
+        entries, self._open[env] = self._open[env], []
+        self._finished = [*getattr(self, "_finished", []), entries]
+
+    def store_finished(self) -> int:
+        """Store the episodes ended by :meth:`finish_episode`, in order; returns how many were stored."""
+        finished, self._finished = getattr(self, "_finished", []), []
+        return sum(self._store(entries) for entries in finished)
+
+    def _store(self, entries: list[dict[str, np.ndarray]]) -> bool:
         steps = len(entries) - 1
         if steps < self.min_steps:
             return False

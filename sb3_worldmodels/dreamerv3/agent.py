@@ -42,6 +42,7 @@ from sb3_worldmodels.blocks.distributions import (
     onehot_mode,
     symlog_mse_log_prob,
 )
+from sb3_worldmodels.blocks.jit import agent_jit
 from sb3_worldmodels.blocks.layers import TRUNC_NORMAL_STD_CORRECTION
 from sb3_worldmodels.blocks.math import (
     imagination_weight,
@@ -60,7 +61,6 @@ from sb3_worldmodels.blocks.normalizers import (
     percentile_norm_update,
 )
 from sb3_worldmodels.blocks.optim import laprop, with_learning_rate
-from sb3_worldmodels.common.xla import COMPILER_OPTIONS
 from sb3_worldmodels.dreamerv3 import networks as N
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config
 from sb3_worldmodels.dreamerv3.networks import (
@@ -201,7 +201,7 @@ def _param_layout(config: DreamerV3Config) -> tuple[Any, list[tuple[tuple[int, .
         std = 0.0
         if names[-1] == "kernel":
             module = names[0] if tree == 0 else "critic"  # tree 1 is the slow critic
-            outscale = N.OUTSCALES.get((module, names[-2]), 1.0)
+            outscale = N.outscale(module, names[-2])
             std = TRUNC_NORMAL_STD_CORRECTION * outscale / float(np.sqrt(np.prod(leaf.shape[:-1])))
         specs.append((tuple(leaf.shape), std, 1.0 if names[-1] == "scale" else 0.0))
     total = sum(int(np.prod(shape)) for shape, std, _ in specs if std)
@@ -585,7 +585,7 @@ def predict_rollout(
         stoch = onehot_mode(N.rssm_prior(config, dyn, deter))
         dec_h, rew_h, con_h, critic_h = N.mlp_trunks(features(deter, stoch), trunks)
         out = (
-            symexp(N.decode(params["dec"], dec_h)),
+            symexp(N.decode(config, params["dec"], dec_h)),
             twohot_mean(N.head_out(params["rew"], rew_h), bins),
             jax.nn.sigmoid(N.head_out(params["con"], con_h)[..., 0]),
             twohot_mean(N.head_out(params["critic"], critic_h), bins),
@@ -664,7 +664,7 @@ def loss_fn(
     prior = N.rssm_prior(config, params["dyn"], deter)
     feat = features(deter, stoch)
     dec_h, rew_h, con_h, critic_h = N.mlp_trunks(feat, _state_head_trunks(config, params))
-    dec_out = N.decode(params["dec"], dec_h)
+    dec_out = N.decode(config, params["dec"], dec_h)
     rew_logits = N.head_out(params["rew"], rew_h)
     con_logits = N.head_out(params["con"], con_h)[..., 0]
     replay_logits = N.head_out(params["critic"], critic_h)
@@ -911,15 +911,13 @@ def train_many(
     return state, metrics, latents
 
 
-policy_step_jit = jax.jit(
-    policy_step, static_argnames=("config", "deterministic"), compiler_options=COMPILER_OPTIONS
-)
+policy_step_jit = agent_jit(policy_step, static_argnames=("deterministic",))
 """Jitted :func:`policy_step`; ``config`` and ``deterministic`` are static."""
-train_step_jit = jax.jit(train_step, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
+train_step_jit = agent_jit(train_step)
 """Jitted :func:`train_step`; ``config`` is static."""
-train_many_jit = jax.jit(train_many, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
+train_many_jit = agent_jit(train_many)
 """Jitted :func:`train_many`; ``config`` is static."""
-predict_rollout_jit = jax.jit(predict_rollout, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
+predict_rollout_jit = agent_jit(predict_rollout)
 """Jitted :func:`predict_rollout`; ``config`` is static."""
 
 

@@ -113,6 +113,7 @@ class DreamerV3(WorldModelAlgorithm):
         eps: float = 1e-20,
         warmup: int = 1000,
         weight_decay: float = 0.0,
+        matmul_precision: str = "float32",
         replay_capacity: int = 5_000_000,
         episode_length: int = 1000,
         action_repeat: int = 1,
@@ -155,7 +156,7 @@ class DreamerV3(WorldModelAlgorithm):
             maxstd,
         )
         self.agc, self.agc_pmin, self.beta1, self.beta2, self.eps = agc, agc_pmin, beta1, beta2, eps
-        self.warmup, self.weight_decay = warmup, weight_decay
+        self.warmup, self.weight_decay, self.matmul_precision = warmup, weight_decay, matmul_precision
         self.replay_capacity, self.episode_length, self.action_repeat = (
             replay_capacity,
             episode_length,
@@ -190,6 +191,7 @@ class DreamerV3(WorldModelAlgorithm):
             obs_dim=self.obs_adapter.dim,
             action_dim=self.action_adapter.dim,
             discrete=self.action_adapter.discrete,
+            obs_keys=self.obs_adapter.decoder_keys,
             **fields,
         )
 
@@ -208,6 +210,9 @@ class DreamerV3(WorldModelAlgorithm):
             "act_key": act_key,
             "predict_key": predict_key,
         }
+
+    def _discount(self) -> float:
+        return float(self._config.gamma)
 
     def _reset_schedule(self) -> None:
         self._schedule = RatioSchedule(

@@ -1,8 +1,11 @@
 """DreamerV3 hyperparameters: one frozen dataclass, with the model-size presets.
 
 Every default is the paper-era value of danijar/dreamerv3 @2411f7d (+ fix 29eb964), cited as
-``configs.yaml:LINE`` of that commit unless said otherwise. Each field is documented here once; the
-SB3 class (:class:`sb3_worldmodels.DreamerV3`) takes the same names as keyword arguments.
+``configs.yaml:LINE`` of that commit unless said otherwise. The defaults are those of the paper's
+proprio setting, the ``dmc_proprio`` block (size12m, ``train_ratio`` 512, configs.yaml:233-238), not
+of the ``defaults`` block (200m sizes, ``train_ratio`` 32; docs/deviations.md D23). Each field is
+documented here once; the SB3 class (:class:`sb3_worldmodels.DreamerV3`) takes the same names as
+keyword arguments.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+
+from sb3_worldmodels.blocks.jit import check_matmul_precision
 
 # preset -> (units U, deter D, hidden H, classes C); configs.yaml:149-177. The rules D = 8U, H = U,
 # C = U/16 extend to "1m" (U = 64), which 2411f7d does not have (docs/deviations.md).
@@ -38,6 +43,9 @@ class DreamerV3Config:
     """Width of the flat action: the class count for a Discrete space, else the Box size."""
     discrete: bool = False
     """True for a Discrete action space (one-hot actions, categorical actor)."""
+    obs_keys: tuple[tuple[str, int], ...] = ()
+    """(key, width) of each key of a Dict observation, in the flat vector's order: the decoder has one
+    output layer per key, as the reference (nets.py:310-321@2411f7d). Empty: one key "vector"."""
 
     # --- network sizes (configs.yaml:113-146; presets :149-177) ---
     units: int = 256
@@ -85,7 +93,8 @@ class DreamerV3Config:
 
     # --- schedule ---
     train_ratio: float = 512.0
-    """Replayed (trained) rows per collected row: an update every B*T/train_ratio rows."""
+    """Replayed (trained) rows per collected row: an update every B*T/train_ratio rows. 512 is the
+    ``dmc_proprio`` block (configs.yaml:236@2411f7d); the ``defaults`` block has 32.0 (configs.yaml:52)."""
     batch_size: int = 16
     """B, sequences per batch."""
     batch_length: int = 64
@@ -127,6 +136,17 @@ class DreamerV3Config:
     """Linear warmup: update k (1-based) is scaled by clip((k - 1) / warmup, 0, 1)."""
     weight_decay: float = 0.0
 
+    # --- numerics ---
+    matmul_precision: str = "float32"
+    """Precision of every matmul in the jitted functions (:data:`~sb3_worldmodels.blocks.jit.
+    MATMUL_PRECISIONS`): float32 as the reference ran; "tensorfloat32" or "bfloat16" are faster on
+    recent GPUs, "default" is JAX's default (TF32 on recent NVIDIA GPUs)."""
+
+    @property
+    def decoder_outputs(self) -> tuple[tuple[str, int], ...]:
+        """(key, width) of each decoder output layer ``out_<key>``."""
+        return self.obs_keys or (("vector", self.obs_dim),)
+
     @property
     def feat_dim(self) -> int:
         """Width of the model features [deter, flat stoch]."""
@@ -163,6 +183,9 @@ def preset(model_size: str, **overrides) -> DreamerV3Config:
     cfg = base.replace(**overrides)
     if cfg.deter % cfg.blocks:
         raise ValueError(f"deter={cfg.deter} must be divisible by blocks={cfg.blocks}.")
+    check_matmul_precision(cfg.matmul_precision)
+    if cfg.obs_keys and sum(w for _, w in cfg.obs_keys) != cfg.obs_dim:
+        raise ValueError(f"obs_keys {cfg.obs_keys} do not add up to obs_dim={cfg.obs_dim}.")
     if not math.isfinite(cfg.train_ratio) or cfg.train_ratio <= 0:
         raise ValueError(f"train_ratio must be a positive number, got {cfg.train_ratio}.")
     return cfg

@@ -6,7 +6,8 @@ reference checkpoint maps onto these trees one to one:
 - ``enc``: ``mlp0..`` (symlog, then Linear+RMSNorm+SiLU layers; the last activation is the embedding).
 - ``dyn``: the RSSM: ``dynin0..2``, ``dyn0`` and ``dyncore`` (block GRU), ``img0..``/``imglogit`` (prior),
   ``obs0..``/``obslogit`` (posterior).
-- ``dec``: ``mlp0..`` and ``out_vector`` (symlog-space prediction, outscale 0.1).
+- ``dec``: ``mlp0..`` and one ``out_<key>`` per observation key (``out_vector`` for a flat vector;
+  symlog-space predictions, outscale 0.1).
 - ``rew``/``con``/``critic`` (and the slow critic): ``h0..`` and ``out``.
 - ``actor``: ``h0..``, ``out`` and, for continuous actions, ``std``.
 
@@ -80,15 +81,26 @@ __all__ = [
 ]
 
 
+DECODER_OUTSCALE = 0.1
+"""Init scale of every decoder output layer ``out_<key>``: the reference builds them as ``Dist``
+modules without an outscale, so the class default 0.1 applies (nets.py:321,408,420@2411f7d)."""
+
 OUTSCALES: dict[tuple[str, str], float] = {
-    ("dec", "out_vector"): 0.1,
     ("rew", "out"): 0.0,
     ("con", "out"): 1.0,
     ("actor", "out"): 0.01,
     ("actor", "std"): 0.01,
     ("critic", "out"): 0.0,
 }
-"""Init scale of the output layers (module, layer) (§8.2); every other kernel uses 1.0."""
+"""Init scale of the output layers (module, layer) (nets.py:816-884@2411f7d); see :func:`outscale`."""
+
+
+def outscale(module: str, layer: str) -> float:
+    """The init scale of a kernel: :data:`OUTSCALES`, :data:`DECODER_OUTSCALE` for the decoder's
+    ``out_<key>`` layers, else 1.0."""
+    if module == "dec" and layer.startswith("out_"):
+        return DECODER_OUTSCALE
+    return OUTSCALES.get((module, layer), 1.0)
 
 
 class Encoder(nn.Module):
@@ -106,13 +118,16 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Features → ``layers`` hidden layers → ``out_vector`` Linear(O), outscale 0.1 (§4.2).
+    """Features → ``layers`` hidden layers → one output Linear per observation key (nets.py:310-321
+    @2411f7d): ``out_<key>`` of the key's width, outscale 0.1. The reference clips each layer's
+    gradient by its own norm (AGC per tensor), so the keys are separate layers, not one merged layer.
 
-    (..., F) → (..., O), the prediction in symlog space (its mean is symexp of it).
+    (..., F) → (..., O): the keys' predictions in symlog space, concatenated in ``outputs`` order.
     """
 
     units: int
-    obs_dim: int
+    outputs: tuple[tuple[str, int], ...]
+    """(key, width) of each observation key, in the flat observation's order."""
     layers: int = 3
 
     @nn.compact
@@ -120,7 +135,8 @@ class Decoder(nn.Module):
         x = feat
         for i in range(self.layers):
             x = NormedDense(self.units, name=f"mlp{i}")(x)
-        return Dense(self.obs_dim, outscale=OUTSCALES["dec", "out_vector"], name="out_vector")(x)
+        outs = [Dense(w, outscale=DECODER_OUTSCALE, name=f"out_{k}")(x) for k, w in self.outputs]
+        return jnp.concatenate(outs, -1)
 
 
 class Head(nn.Module):
@@ -265,7 +281,7 @@ def make_networks(config: DreamerV3Config) -> Networks:
             obs_layers=config.obs_layers,
             unimix=config.unimix,
         ),
-        dec=Decoder(u, config.obs_dim, config.dec_layers),
+        dec=Decoder(u, config.decoder_outputs, config.dec_layers),
         rew=Head(u, config.rew_layers, config.bins, outscale=OUTSCALES["rew", "out"]),
         con=Head(u, config.con_layers, 1, outscale=OUTSCALES["con", "out"]),
         actor=Actor(u, config.actor_layers, config.action_dim, config.discrete),
@@ -400,9 +416,10 @@ def encode(config: DreamerV3Config, p: dict, obs: Array) -> Array:
     return _mlp_rest(p, x, "mlp", 0, config.enc_layers)
 
 
-def decode(p: dict, hidden: Array) -> Array:
-    """:class:`Decoder` output layer on its last hidden layer (see :func:`mlp_trunks`)."""
-    return dense(p["out_vector"], hidden)
+def decode(config: DreamerV3Config, p: dict, hidden: Array) -> Array:
+    """:class:`Decoder` output layers on its last hidden layer (see :func:`mlp_trunks`): (..., O)."""
+    outs = [dense(p[f"out_{key}"], hidden) for key, _ in config.decoder_outputs]
+    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
 
 
 def head_out(p: dict, hidden: Array) -> Array:

@@ -6,8 +6,8 @@ recorded fixtures). They map onto :func:`~sb3_worldmodels.dreamerv3.agent.init_p
 three renamings and one cut:
 
 - the distribution heads' ``dist/out`` is our ``out``;
-- the decoder's ``out_<key>/out`` is our ``out_vector`` (its one vector observation, named "vector"
-  in the recorded fixtures and "image" by the reference's gym wrapper);
+- the decoder's ``out_<key>/out`` is our ``out_<key>`` for a Dict observation, and our ``out_vector``
+  for a flat one (named "vector" in the recorded fixtures and "image" by the reference's gym wrapper);
 - the actor's ``action/{out,std}`` is our ``{out,std}``;
 - the reward and critic output layers have 256 logits, the last of which the reference never reads;
   ours have ``config.bins`` (255).
@@ -31,8 +31,11 @@ REF_BINS = 256
 """The reference's reward/critic output width; its last logit is dropped, ours has ``config.bins``."""
 
 
-def ref_to_path(name: str) -> tuple[str, tuple[str, ...]] | None:
+def ref_to_path(name: str, keyed_decoder: bool = False) -> tuple[str, tuple[str, ...]] | None:
     """Reference state name → ("params" | "slow_critic", path in that tree); None for non-parameters.
+
+    ``keyed_decoder``: the config has ``obs_keys`` (a Dict observation), so decoder outputs keep their
+    key; otherwise the one decoder output is ``out_vector`` whatever the reference called it.
 
     Raises KeyError for any name this mapping does not know, so that nothing is silently ignored.
     """
@@ -47,7 +50,7 @@ def ref_to_path(name: str) -> tuple[str, tuple[str, ...]] | None:
     if rest[:2] == ["dist", "out"] and module in ("rew", "con", "critic", "slowcritic"):
         rest = ["out", *rest[2:]]
     elif len(rest) > 1 and rest[0].startswith("out_") and rest[1] == "out" and module == "dec":
-        rest = ["out_vector", *rest[2:]]  # the one vector observation, whatever its key ("vector", "image")
+        rest = [rest[0] if keyed_decoder else "out_vector", *rest[2:]]
     elif rest[:1] == ["action"] and module == "actor" and rest[1:2] in (["out"], ["std"]):
         rest = rest[1:]
     leaf_ok = (len(rest) == 2 and rest[1] in ("kernel", "bias")) or (
@@ -65,8 +68,8 @@ def path_to_ref(path: tuple[str, ...]) -> str:
     module, *rest = path
     if module in ("rew", "con", "critic") and rest[0] == "out":
         rest = ["dist", "out", *rest[1:]]
-    elif module == "dec" and rest[0] == "out_vector":
-        rest = ["out_vector", "out", *rest[1:]]
+    elif module == "dec" and rest[0].startswith("out_"):
+        rest = [rest[0], "out", *rest[1:]]
     elif module == "actor" and rest[0] in ("out", "std"):
         rest = ["action", *rest]
     return "/".join(["agent", module, *rest])
@@ -106,7 +109,7 @@ def params_from_reference(flat: Mapping[str, Any], config: DreamerV3Config) -> t
     structure and shapes (a mismatch names what is missing or unexpected)."""
     out: dict[str, dict] = {"params": {}, "slow_critic": {}}
     for name, value in flat.items():
-        where = ref_to_path(name)
+        where = ref_to_path(name, keyed_decoder=bool(config.obs_keys))
         if where is None:
             continue
         tree, path = where

@@ -74,7 +74,8 @@ class UpdateNoise(NamedTuple):
     pair_pi: Array
     """(2,) int32 Q members of the policy step."""
     dropout: Array | None
-    """(3, 2) keys of the Q dropout masks (TD target, value loss, policy loss), or None (no dropout)."""
+    """(3, 2) keys of the Q dropout masks (TD target, value loss, policy loss), or None (no dropout).
+    A tuple of three bool keep-masks instead replays given masks (the parity tests' recorded ones)."""
 
 
 class PlanNoise(NamedTuple):
@@ -506,9 +507,10 @@ def act(
     """Encode n observations (n, O) and plan for each env: returns actions (n, A) and plan means (n, H, A).
 
     ``prev_mean`` (n, H, A) is each env's previous plan; ``first`` (n,) bool restarts it (t0).
+    ``key`` is one PRNG key (2,), split into one per env, or the envs' own keys (n, 2).
     """
     z = N.encode(config, params, obs)
-    keys = jax.random.split(key, obs.shape[0])
+    keys = key if key.ndim == 2 else jax.random.split(key, obs.shape[0])
     noise = jax.vmap(lambda k: sample_plan_noise(config, k, config.iterations))(keys)
 
     def one(z: Array, prev: Array, f: Array, nz: PlanNoise) -> tuple[Array, Array]:

@@ -8,17 +8,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sb3_worldmodels.blocks.jit import agent_jit
 from sb3_worldmodels.common.base import WorldModelAlgorithm
+from sb3_worldmodels.common.envs import vec_agent_steps_per_episode
 from sb3_worldmodels.common.episode_replay import EpisodeReplay
-from sb3_worldmodels.common.xla import COMPILER_OPTIONS
 from sb3_worldmodels.tdmpc2 import agent as core
-from sb3_worldmodels.tdmpc2.config import TDMPC2Config, discount_from_episode_length, preset
-
-act_jit = jax.jit(core.act, static_argnames=("config", "eval_mode"), compiler_options=COMPILER_OPTIONS)
-train_many_jit = jax.jit(core.train_many, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
-predict_rollout_jit = jax.jit(
-    core.predict_rollout, static_argnames=("config",), compiler_options=COMPILER_OPTIONS
+from sb3_worldmodels.tdmpc2.config import (
+    TDMPC2Config,
+    discount_from_episode_length,
+    planner_iterations,
+    preset,
 )
+
+act_jit = agent_jit(core.act, static_argnames=("eval_mode",))
+train_many_jit = agent_jit(core.train_many)
+predict_rollout_jit = agent_jit(core.predict_rollout)
 
 _CONFIG_FIELDS = tuple(
     f for f in TDMPC2Config.__dataclass_fields__ if f not in ("obs_dim", "action_dim", "lr")
@@ -45,8 +49,11 @@ class TDMPC2(WorldModelAlgorithm):
 
     :param buffer_size: most agent steps kept; the replay holds at most the run's steps.
     :param episode_length: the episode length in simulator steps, for the discount heuristic and
-        ``seed_steps`` (None: the env's ``max_episode_steps``, else 1000); the agent sees
-        ``episode_length // action_repeat`` steps per episode.
+        ``seed_steps``; the agent sees ``episode_length // action_repeat`` steps per episode. None: read
+        from the env (its time limit or dm_control's step limit, over its :class:`ActionRepeat`);
+        an env that does not say it is refused unless ``discount`` and ``seed_steps`` are given.
+    :param iterations: MPPI iterations; 2 more are run when the action has 20 or more dimensions,
+        as the reference adds them to the configured count (tdmpc2.py:30@b67b21c).
     :param discount: None for the reference's heuristic from the episode length (§3.2).
     :param seed_steps: agent steps of uniform random actions, after which that many updates run in a
         row, then one per agent step (None: max(1000, 5 x episode length in agent steps)).
@@ -93,13 +100,14 @@ class TDMPC2(WorldModelAlgorithm):
         tau: float = 0.01,
         stale_pi_grad_in_clip: bool = True,
         horizon: int = 3,
-        iterations: int | None = None,
+        iterations: int = 6,
         num_samples: int = 512,
         num_elites: int = 64,
         num_pi_trajs: int = 24,
         min_std: float = 0.05,
         max_std: float = 2.0,
         temperature: float = 0.5,
+        matmul_precision: str = "float32",
         buffer_size: int = 1_000_000,
         seed_steps: int | None = None,
         episode_length: int | None = None,
@@ -127,6 +135,7 @@ class TDMPC2(WorldModelAlgorithm):
         self.horizon, self.iterations, self.num_samples = horizon, iterations, num_samples
         self.num_elites, self.num_pi_trajs = num_elites, num_pi_trajs
         self.min_std, self.max_std, self.temperature = min_std, max_std, temperature
+        self.matmul_precision = matmul_precision
         self.seed_steps, self.episode_length, self.action_repeat = seed_steps, episode_length, action_repeat
         super().__init__(
             policy=policy,
@@ -148,31 +157,38 @@ class TDMPC2(WorldModelAlgorithm):
 
     # ------------------------------------------------------------------ set-up
     @property
-    def agent_episode_length(self) -> int:
-        """Agent steps per episode (simulator steps // action_repeat)."""
-        length = self.episode_length
-        if length is None:
-            spec = None
-            if self.env is not None:
-                spec = self.env.get_attr("spec", [0])[0]
-            length = getattr(spec, "max_episode_steps", None) or 1000
-        return max(1, int(length) // max(1, int(self.action_repeat)))
+    def agent_episode_length(self) -> int | None:
+        """Agent steps per episode: ``episode_length // action_repeat`` when given, else what the env
+        says (:func:`~sb3_worldmodels.common.envs.agent_steps_per_episode`), else None."""
+        if self.episode_length is not None:
+            return max(1, int(self.episode_length) // max(1, int(self.action_repeat)))
+        if self.env is None:
+            return None
+        return vec_agent_steps_per_episode(self.env)
 
     def _resolve_env_defaults(self) -> None:
         """Fix the env-derived defaults once (they are then saved with the model): the discount from
-        the episode length (§3.2), seed_steps = max(1000, 5 T) and 6 MPPI iterations (+2 when A >= 20)."""
+        the episode length and seed_steps = max(1000, 5 T) (tdmpc2.py:35-48, trainer/online_trainer.py
+        @b67b21c, with T the episode's agent steps as the reference's ``episode_length``)."""
+        if self.discount is not None and self.seed_steps is not None:
+            return
         length = self.agent_episode_length
+        if length is None:
+            raise ValueError(
+                "TD-MPC2 sets its discount and seed_steps from the episode length, and this env does not "
+                "say it (no TimeLimit, spec max_episode_steps or dm_control step limit found). Pass "
+                "episode_length=<simulator steps per episode> (or both discount and seed_steps)."
+            )
         if self.discount is None:
             self.discount = discount_from_episode_length(length)
         if self.seed_steps is None:
             self.seed_steps = max(1000, 5 * length)
-        if self.iterations is None:
-            self.iterations = TDMPC2Config.iterations + (2 if self.action_adapter.dim >= 20 else 0)
 
     @property
     def config(self) -> TDMPC2Config:
         """The static configuration (from the attributes, so load/zoo overrides apply)."""
         fields = {f: getattr(self, f) for f in _CONFIG_FIELDS if hasattr(self, f)}
+        fields["iterations"] = planner_iterations(self.iterations, self.action_adapter.dim)
         return preset(
             self.model_size,
             obs_dim=self.obs_adapter.dim,
@@ -194,6 +210,9 @@ class TDMPC2(WorldModelAlgorithm):
             "act_key": act_key,
             "predict_key": predict_key,
         }
+
+    def _discount(self) -> float:
+        return float(self._config.discount)
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_config"]
@@ -306,6 +325,10 @@ class TDMPC2(WorldModelAlgorithm):
         self, new_obs: Any, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
     ) -> None:
         n = self.n_envs
+        # Episodes that ended at the previous step become sampleable now: the reference adds a
+        # finished episode to its buffer at the start of the next step (trainer/online_trainer.py
+        # @b67b21c), so the updates of the step that ends it do not see it yet.
+        self.replay_buffer.store_finished()
         obs = self.obs_adapter.flatten(new_obs)
         dones = np.asarray(dones, bool)
         truncated = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
@@ -329,7 +352,7 @@ class TDMPC2(WorldModelAlgorithm):
             },
         )
         for i in np.flatnonzero(dones):
-            self.replay_buffer.end_episode(int(i))
+            self.replay_buffer.finish_episode(int(i))
         if dones.any():
             self._start_episodes(np.flatnonzero(dones), obs[dones])
         self._rollout = self._rollout._replace(first=dones.copy())
@@ -375,7 +398,10 @@ class TDMPC2(WorldModelAlgorithm):
         """RecurrentPPO's protocol with ``state`` = (plan mean (n, H, A),): each env's previous plan,
         the warm start of the next; rows where ``episode_start`` is true (or all, when ``state`` is
         None) plan from scratch. ``deterministic=True`` is the reference's eval mode (no exploration
-        noise on the chosen action; the planner's own sampling stays). Uses its own RNG stream."""
+        noise on the chosen action; the planner's own sampling stays), and its randomness is drawn from a
+        key derived from each row's inputs: the same observation and state give the same action,
+        whatever was predicted before and after save/load. ``deterministic=False`` samples from the
+        model's own predict stream (training and collection are never touched)."""
         obs, vectorized = self._predict_batch(observation)
         n = obs.shape[0]
         cfg = self._config
@@ -391,15 +417,16 @@ class TDMPC2(WorldModelAlgorithm):
                     "(one plan per observation)."
                 )
             first = np.zeros(n, bool) if episode_start is None else np.asarray(episode_start, bool).reshape(n)
-        key = jax.random.fold_in(self.policy.state["predict_key"], self._predict_calls)
-        self._predict_calls += 1
+        first = np.asarray(first, bool)
+        used_plan = np.where(first[:, None, None], 0.0, np.asarray(prev))  # a restart ignores the plan
+        keys = self._predict_keys(bool(deterministic), obs, used_plan, first)
         action, mean = act_jit(
             cfg,
             self.policy.state["agent"].params,
             jnp.asarray(obs),
             prev,
             jnp.asarray(first),
-            key,
+            keys,
             eval_mode=bool(deterministic),
         )
         env_action = self.action_adapter.to_env(np.asarray(action))

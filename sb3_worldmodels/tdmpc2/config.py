@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from sb3_worldmodels.blocks.jit import check_matmul_precision
+
 # size -> (enc_dim, mlp_dim, latent_dim, num_enc_layers, num_q); common/__init__.py:1-23.
 MODEL_SIZES: dict[int, tuple[int, int, int, int, int]] = {
     1: (256, 384, 128, 2, 2),
@@ -96,7 +98,7 @@ class TDMPC2Config:
     # --- planning (config.yaml:31-39) ---
     horizon: int = 3
     iterations: int = 6
-    """MPPI iterations; the SB3 class adds 2 when the action has 20 or more dimensions (tdmpc2.py:30)."""
+    """MPPI iterations actually run (the SB3 class passes :func:`planner_iterations` of its own)."""
     num_samples: int = 512
     num_elites: int = 64
     num_pi_trajs: int = 24
@@ -104,6 +106,12 @@ class TDMPC2Config:
     max_std: float = 2.0
     temperature: float = 0.5
     """Multiplies the value gap in the elite weights exp(temperature * (v - max v)) (tdmpc2.py:151)."""
+
+    # --- numerics ---
+    matmul_precision: str = "float32"
+    """Precision of every matmul in the jitted functions (:data:`~sb3_worldmodels.blocks.jit.
+    MATMUL_PRECISIONS`): float32 as the reference ran (float32 GEMMs); "tensorfloat32" or "bfloat16"
+    are faster on recent GPUs, "default" is JAX's default (TF32 on recent NVIDIA GPUs)."""
 
     @property
     def bin_size(self) -> float:
@@ -119,6 +127,12 @@ def discount_from_episode_length(
     """The reference's discount heuristic (tdmpc2.py:35-48): clip((T/5 - 1)/(T/5), 0.95, 0.995)."""
     frac = episode_length / denom
     return float(min(max((frac - 1) / frac, lo), hi))
+
+
+def planner_iterations(iterations: int, action_dim: int) -> int:
+    """The MPPI iterations the reference runs: the configured count, plus 2 when the action has 20
+    or more dimensions (``cfg.iterations += 2*(cfg.action_dim >= 20)``, tdmpc2.py:30@b67b21c)."""
+    return int(iterations) + (2 if action_dim >= 20 else 0)
 
 
 SMOKE_SETTINGS: dict = dict(
@@ -140,6 +154,7 @@ def preset(model_size: int, **overrides) -> TDMPC2Config:
     cfg = base.replace(**{k: v for k, v in overrides.items() if v is not None})
     if cfg.latent_dim % cfg.simnorm_dim:
         raise ValueError(f"latent_dim={cfg.latent_dim} must be divisible by simnorm_dim={cfg.simnorm_dim}.")
+    check_matmul_precision(cfg.matmul_precision)
     if cfg.q_dropout not in Q_DROPOUT_MODES:
         raise ValueError(f"q_dropout must be one of {Q_DROPOUT_MODES}, got {cfg.q_dropout!r}.")
     if cfg.dropout_masks not in DROPOUT_MASKS:

@@ -89,13 +89,21 @@ def dropout(x: Array, key: Array, rate: float, masks: str = "hash") -> Array:
     """Inverted dropout: zero each element with probability ``rate``, scale the rest by 1/(1 − rate).
 
     ``masks``: "hash" draws the mask with :func:`~sb3_worldmodels.blocks.random.hash_bernoulli`
-    (cheap on CPU), "threefry" with ``jax.random.bernoulli``.
+    (cheap on CPU), "threefry" with ``jax.random.bernoulli``. A bool ``key`` of x's shape is an
+    explicit keep-mask instead (used by the parity tests to replay recorded masks).
     """
-    if masks == "threefry":
+    if _is_mask(key):
+        keep = key
+    elif masks == "threefry":
         keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
     else:
         keep = hash_bernoulli(key, 1.0 - rate, x.shape)
     return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+def _is_mask(key: Array) -> bool:
+    """Whether a dropout ``key`` is an explicit bool keep-mask rather than a PRNG key (trace-time)."""
+    return getattr(key, "dtype", None) == jnp.bool_
 
 
 def normed_linear(
@@ -223,6 +231,7 @@ def q_logits(config: TDMPC2Config, qs: dict, z: Array, action: Array, key: Array
     """All K members on the same input: (..., L), (..., A) → (K, ..., n) logits (``:152-174``).
 
     ``key`` draws independent dropout masks per member (rate ``config.dropout``); None = no dropout.
+    A bool ``key`` (K, ..., mlp_dim) gives each member's keep-mask explicitly (see :func:`dropout`).
     """
     return _members_logits(config, qs, jnp.concatenate([z, action], -1), key, config.num_q)
 
@@ -233,7 +242,7 @@ def _members_logits(config: TDMPC2Config, members: dict, x: Array, key: Array | 
     if key is None:
         return jax.vmap(lambda p: mlp(p, x, "linear", config))(members)
     drop = (config.dropout, config.dropout_masks)
-    keys = jax.random.split(key, count)
+    keys = key if _is_mask(key) else jax.random.split(key, count)
     return jax.vmap(lambda p, k: mlp(p, x, "linear", config, (k, *drop)))(members, keys)
 
 
@@ -246,6 +255,8 @@ def q_pair_value(
     values, and at K = 5 less than half the work; docs/deviations.md T11).
     """
     members = jax.tree_util.tree_map(lambda x: x[pair], qs)
+    if key is not None and _is_mask(key):  # explicit masks of all K members: keep the pair's
+        key = key[pair]
     logits = _members_logits(config, members, jnp.concatenate([z, action], -1), key, 2)
     values = decode(config, logits)
     a, b = values[0], values[1]
