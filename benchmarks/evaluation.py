@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -227,7 +228,14 @@ def evaluate_fresh(
 
 def run_record() -> dict:
     """Where and when a result was measured."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        commit = ""
     return {
+        "commit": commit,
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
         "ld_preload": os.environ.get("LD_PRELOAD", ""),
         "date": time.strftime("%Y-%m-%d"),

@@ -122,7 +122,12 @@ def run_break(brk: Break | None, agent: str, timeout: int) -> dict:
                 return {"error": f"the text to break occurs {text.count(brk.old)} times in {brk.path}"}
             source.write_text(text.replace(brk.old, brk.new))
         tests = [t for t in TESTS[agent] if (copy / t).exists()]
-        env = {**os.environ, "PYTHONPATH": str(copy)}
+        # One compilation cache for all runs: the functions a break does not touch compile once.
+        cache = Path(tempfile.gettempdir()) / "break-one-term-jax-cache"
+        env = {**os.environ, "PYTHONPATH": str(copy), "JAX_COMPILATION_CACHE_DIR": str(cache)}
+        env.update(
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0"
+        )
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rf", *tests]
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
