@@ -68,6 +68,9 @@ from sb3_worldmodels.dreamerv3.reference_weights import (
     to_ours,
     unflatten,
 )
+from tests.parity_helpers import DREAMERV3_METRICS as METRICS
+from tests.parity_helpers import DREAMERV3_TERMS as TERMS
+from tests.parity_helpers import assert_close
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dreamerv3"
 REF_JIT_ZERO_LOGITS_MEAN = np.float32(-0.1644754)
@@ -78,36 +81,6 @@ RECORDED = 1e9
 AGENTS = {
     "discrete": dict(prefix="agent1m_", obs_dim=4, action_dim=2, discrete=True, param_count=637_511),
     "continuous": dict(prefix="agent1m_cont_", obs_dim=3, action_dim=1, discrete=False, param_count=637_318),
-}
-TERMS = {  # our loss term -> (reference loss name, loss scale)
-    "rec": ("vector", 1.0),
-    "rew": ("reward", 1.0),
-    "con": ("cont", 1.0),
-    "dyn": ("dyn", 1.0),
-    "rep": ("rep", 0.1),
-    "actor": ("actor", 1.0),
-    "critic": ("critic", 1.0),
-    "repval": ("replay_critic", 0.3),
-}
-METRICS = {  # our metric -> reference metric
-    "loss": "opt_loss",
-    "grad_norm": "opt_grad_norm",
-    "param_norm": "opt_param_norm",
-    "update_norm": "opt_update_norm",
-    "actor_entropy": "ent/action/mean",
-    "post_entropy": "post_ent/mean",
-    "prior_entropy": "prior_ent/mean",
-    "return_mean": "ret/mean",
-    "value_mean": "val/mean",
-    "weight_mean": "weight/mean",
-    "adv_mean": "adv/mean",
-    "replay_return_mean": "replay_ret/mean",
-    "imag_reward_mean": "rew/mean",
-    "imag_reward_std": "rew/std",
-    "return_std": "ret/std",
-    "return_min": "ret/min",
-    "return_max": "ret/max",
-    "value_std": "val/std",  # ~6e-8 in the fixture (rounding of constant values): compared absolutely
 }
 
 
@@ -173,20 +146,6 @@ def recorded_noise(forward: dict[str, np.ndarray], config: DreamerV3Config) -> A
         post=jnp.asarray(RECORDED * forward["obs/stoch"]),
         imag_stoch=jnp.asarray(RECORDED * forward["imag/scan_stoch"]),
         imag_action=jnp.asarray(action_noise),
-    )
-
-
-def assert_close(name: str, ours: Any, ref: Any, rtol: float = 1e-5, scale_tol: float = 1e-5) -> None:
-    """|ours − ref| ≤ scale_tol·max|ref| + rtol·|ref|, elementwise, with matching shapes."""
-    ours = np.asarray(ours, np.float64)
-    ref = np.asarray(ref, np.float64)
-    assert ours.shape == ref.shape, f"{name}: shape {ours.shape} != {ref.shape}"
-    err = np.abs(ours - ref)
-    bound = scale_tol * np.max(np.abs(ref), initial=0.0) + rtol * np.abs(ref)
-    worst = np.unravel_index(np.argmax(err - bound), err.shape) if err.size else ()
-    assert np.all(err <= bound), (
-        f"{name}: max abs err {err.max():.3e} (bound {bound[worst]:.3e} at {worst}), "
-        f"ref max {np.abs(ref).max():.3e}"
     )
 
 

@@ -61,6 +61,9 @@ from sb3_worldmodels.dreamerv3.reference_weights import (
     to_ours,
     unflatten,
 )
+from tests.parity_helpers import DREAMERV3_METRICS as METRICS
+from tests.parity_helpers import DREAMERV3_TERMS as TERMS
+from tests.parity_helpers import assert_close
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dreamerv3"
 PREFIX = "agent1m_trained_"
@@ -90,36 +93,6 @@ METRIC_RTOL = {
 PARAM_RTOL, PARAM_TOL = 1e-2, 1e-3  # world model (enc, dyn, dec, rew, con)
 D2_PARAM_RTOL, D2_PARAM_TOL = 5e-2, 1e-2  # actor, critic, slow critic: trained on D2-affected targets
 NU_RTOL, MU_RTOL, MOMENT_TOL = 2e-3, 1e-2, 2e-3
-TERMS = {  # our loss term -> (reference loss name, loss scale), agent.py:403-406@2411f7d
-    "rec": ("vector", 1.0),
-    "rew": ("reward", 1.0),
-    "con": ("cont", 1.0),
-    "dyn": ("dyn", 1.0),
-    "rep": ("rep", 0.1),
-    "actor": ("actor", 1.0),
-    "critic": ("critic", 1.0),
-    "repval": ("replay_critic", 0.3),
-}
-METRICS = {  # our metric -> reference metric (agent.py:362-390@2411f7d, jaxutils.py:526-548@2411f7d)
-    "loss": "opt_loss",
-    "grad_norm": "opt_grad_norm",
-    "param_norm": "opt_param_norm",
-    "update_norm": "opt_update_norm",
-    "actor_entropy": "ent/action/mean",
-    "post_entropy": "post_ent/mean",
-    "prior_entropy": "prior_ent/mean",
-    "return_mean": "ret/mean",
-    "return_std": "ret/std",
-    "return_min": "ret/min",
-    "return_max": "ret/max",
-    "value_mean": "val/mean",
-    "value_std": "val/std",
-    "weight_mean": "weight/mean",
-    "adv_mean": "adv/mean",
-    "replay_return_mean": "replay_ret/mean",
-    "imag_reward_mean": "rew/mean",
-    "imag_reward_std": "rew/std",
-}
 
 
 def load(name: str) -> dict[str, np.ndarray]:
@@ -128,20 +101,6 @@ def load(name: str) -> dict[str, np.ndarray]:
 
 
 CONFIG: DreamerV3Config = preset("1m", obs_dim=4, action_dim=2, discrete=True, batch_size=2, batch_length=8)
-
-
-def assert_close(name: str, ours: Any, ref: Any, rtol: float = 1e-5, scale_tol: float = 1e-5) -> None:
-    """|ours − ref| ≤ scale_tol·max|ref| + rtol·|ref|, elementwise, with matching shapes."""
-    ours = np.asarray(ours, np.float64)
-    ref = np.asarray(ref, np.float64)
-    assert ours.shape == ref.shape, f"{name}: shape {ours.shape} != {ref.shape}"
-    err = np.abs(ours - ref)
-    bound = scale_tol * np.max(np.abs(ref), initial=0.0) + rtol * np.abs(ref)
-    worst = np.unravel_index(np.argmax(err - bound), err.shape) if err.size else ()
-    assert np.all(err <= bound), (
-        f"{name}: max abs err {err.max():.3e} (bound {bound[worst]:.3e} at {worst}), "
-        f"ref max {np.abs(ref).max():.3e}"
-    )
 
 
 # ------------------------------------------------------------------------------------------------

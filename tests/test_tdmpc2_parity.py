@@ -16,6 +16,7 @@ from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks as N
 from sb3_worldmodels.tdmpc2.config import discount_from_episode_length, preset
 from sb3_worldmodels.tdmpc2.reference_weights import params_from_state_dict
+from tests.parity_helpers import tdmpc2_start_state
 
 FIX = Path(__file__).parent / "fixtures" / "tdmpc2"
 # The fixtures' configuration: size 1, obs 3, action 1, episode length 500, batch 8, dropout disabled.
@@ -173,14 +174,7 @@ def test_dropout_masks_of_either_generator(masks):
 # ------------------------------------------------------------------------------------------------
 
 
-def _start_state(config, params, target):
-    state = core.init_state(config, jax.random.PRNGKey(0))
-    return state._replace(
-        params=params,
-        target_qs=target,
-        wm_opt=core._adam(1e-8).init(core._wm_params(params)),
-        pi_opt=core._adam(1e-5).init(params["pi"]),
-    )
+_start_state = tdmpc2_start_state
 
 
 def _noise(io: dict, prefix: str) -> core.UpdateNoise:

@@ -21,6 +21,7 @@ from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks as N
 from sb3_worldmodels.tdmpc2.config import preset
 from sb3_worldmodels.tdmpc2.reference_weights import params_from_state_dict
+from tests.parity_helpers import tdmpc2_start_state
 
 FIX = Path(__file__).parent / "fixtures" / "tdmpc2"
 SIZE1 = preset(1, obs_dim=3, action_dim=1, batch_size=8, discount=0.99, q_dropout="off")
@@ -124,16 +125,7 @@ def check_params(
 # ------------------------------------------------------------------------------------------------
 
 
-def _start_state(config, params, target, scale: float = 1.0):
-    """Fresh Adam states for both optimisers (world model eps 1e-8, policy 1e-5), RunningScale ``scale``."""
-    state = core.init_state(config, jax.random.PRNGKey(0))
-    return state._replace(
-        params=params,
-        target_qs=target,
-        wm_opt=core._adam(1e-8).init(core._wm_params(params)),
-        pi_opt=core._adam(1e-5).init(params["pi"]),
-        scale=state.scale._replace(value=jnp.asarray(scale, jnp.float32)),
-    )
+_start_state = tdmpc2_start_state
 
 
 def _batch(io: dict, p: str, terminated: bool = False) -> dict:

@@ -12,6 +12,7 @@ the local names callbacks read (``actions``, ``new_obs``, ``rewards``, ``dones``
 
 from __future__ import annotations
 
+import difflib
 import os
 import tempfile
 import warnings
@@ -52,6 +53,18 @@ def _is_env_id(value: Any) -> bool:
     if value.startswith("dm_control/"):
         import shimmy  # noqa: F401  (registers the dm_control ids)
     return value in gym.registry or ":" in value
+
+
+def _unknown_name_message(name: str, policies: dict) -> str:
+    """The error for a string that is neither a registered env id nor a policy name, with a guess."""
+    known = [*policies, *gym.registry]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    kinds = f"nor a policy name ({', '.join(policies)})" if policies else "(gym.registry)"
+    return (
+        f"{name!r} is neither a registered Gymnasium env id {kinds}.{hint} Pass an env id such as "
+        "'Pendulum-v1', a gymnasium.Env or an SB3 VecEnv (dm_control ids need shimmy)."
+    )
 
 
 def _walk_callbacks(callback: BaseCallback | None) -> Iterator[BaseCallback]:
@@ -119,6 +132,18 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             isinstance(policy, (gym.Env, VecEnv, gym.vector.VectorEnv)) or _is_env_id(policy)
         ):
             policy, env = "MlpPolicy", policy
+        if policy == "CnnPolicy":
+            raise ValueError(
+                f"{self.agent_name} does not support image observations yet (CnnPolicy): use the env's state "
+                "observation with 'MlpPolicy' (or 'MultiInputPolicy' for Dict observations)."
+            )
+        if isinstance(policy, str) and policy not in self.policy_aliases:
+            raise ValueError(_unknown_name_message(policy, self.policy_aliases))
+        if n_envs is not None and (isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs < 1):
+            raise ValueError(f"n_envs must be a positive integer (or None for the default), got {n_envs!r}.")
+        repeat = getattr(self, "action_repeat", 1)
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+            raise ValueError(f"action_repeat must be an integer >= 1 (1: no repeat), got {repeat!r}.")
         if action_noise is not None:
             raise ValueError(
                 f"{self.agent_name} explores with its own policy: action_noise is not supported."
@@ -141,7 +166,6 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             env = vec_env_from_gymnasium(env)
         if isinstance(env, str):
             if _is_env_id(env) or env in gym.registry:
-                repeat = int(getattr(self, "action_repeat", 1) or 1)
                 env = make_vec_env(
                     env,
                     n_envs=n_envs or self.default_n_envs,
@@ -150,7 +174,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
                     wrapper_kwargs={"repeat": repeat} if repeat > 1 else None,
                 )
             else:
-                raise ValueError(f"{env!r} is neither a registered Gymnasium env id nor a policy name.")
+                raise ValueError(_unknown_name_message(env, {}))
         if isinstance(env, (gym.Env, VecEnv)):
             # Clear errors before SB3's own assertions on the spaces.
             ObservationAdapter.from_space(env.observation_space, self.agent_name)
@@ -464,6 +488,24 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         self._predict_calls += 1
         return jax.random.split(key, len(inputs[0]))
 
+    @staticmethod
+    def _check_predict_args(deterministic: Any, episode_start: Any, n: int) -> np.ndarray | None:
+        """Refuse a non-boolean ``deterministic`` and an ``episode_start`` that is not one flag per
+        observation; return ``episode_start`` as an (n,) bool array (None when not given)."""
+        if not isinstance(deterministic, (bool, np.bool_)):
+            raise TypeError(
+                f"deterministic must be a bool, got {deterministic!r} ({type(deterministic).__name__}): "
+                "a string such as 'False' would count as True."
+            )
+        if episode_start is None:
+            return None
+        starts = np.asarray(episode_start)
+        if starts.size != n or starts.ndim > 1:
+            raise ValueError(
+                f"episode_start has shape {starts.shape}, expected ({n},): one flag per observation."
+            )
+        return starts.reshape(n).astype(bool)
+
     def _count_stateless_predict(self, state: Any, episode_start: Any, consequence: str) -> None:
         """Warn once per model when ``predict`` is called a second time in a row with neither ``state``
         nor ``episode_start`` (evaluate_policy passes ``episode_start`` from its first call on)."""
@@ -533,6 +575,19 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             extra = cb.on_post_update(dict(metrics)) or {}
             for key, value in extra.items():
                 self.logger.record(key, value)
+
+
+def padded_rows(n: int) -> int:
+    """The batch size ``predict`` runs for n observations: the next power of two, so that a model
+    compiles its acting step for a handful of sizes, not for every new n."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def pad_rows(array: Any, rows: int) -> np.ndarray:
+    """``array`` (n, ...) with its last row repeated up to ``rows`` rows."""
+    array = np.asarray(array)
+    extra = rows - array.shape[0]
+    return array if extra == 0 else np.concatenate([array, np.repeat(array[-1:], extra, axis=0)])
 
 
 def row_digests(*arrays: Any) -> np.ndarray:

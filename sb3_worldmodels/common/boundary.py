@@ -137,6 +137,12 @@ class ActionAdapter:
                 )
             if not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
                 raise UnsupportedSpaceError(f"Box action space {space} must have finite bounds.")
+            if not np.all(space.low < space.high):
+                bad = int(np.flatnonzero(~(space.low < space.high))[0])
+                raise UnsupportedSpaceError(
+                    f"Box action space {space}: low must be below high in every dimension (dimension {bad} "
+                    f"has low={space.low[bad]}, high={space.high[bad]}). Fix the env's action_space."
+                )
             return cls(space, False, int(space.shape[0]))
         kinds = "Box or Discrete" if allow_discrete else "Box"
         raise UnsupportedSpaceError(f"{agent} supports {kinds} action spaces, got {space}.")

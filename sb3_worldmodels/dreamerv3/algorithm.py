@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels.blocks.optim import with_learning_rate
-from sb3_worldmodels.common.base import WorldModelAlgorithm
+from sb3_worldmodels.common.base import WorldModelAlgorithm, pad_rows, padded_rows
 from sb3_worldmodels.common.replay import SequenceReplay
 from sb3_worldmodels.common.schedule import RatioSchedule
 from sb3_worldmodels.dreamerv3 import agent as core
@@ -424,6 +424,7 @@ class DreamerV3(WorldModelAlgorithm):
         """
         obs, vectorized = self._predict_batch(observation)
         n = obs.shape[0]
+        given_starts = self._check_predict_args(deterministic, episode_start, n)
         self._count_stateless_predict(
             state, episode_start, "is recurrent and forgets everything between such calls"
         )
@@ -431,27 +432,30 @@ class DreamerV3(WorldModelAlgorithm):
             carry = core.init_carry(self._config, n)
             starts = np.ones(n, bool)
         else:
-            carry = core.Carry(*(jnp.asarray(s) for s in state))
-            if carry.deter.shape[0] != n:
+            cfg = self._config
+            expected = [(n, cfg.deter), (n, cfg.stoch, cfg.classes), (n, cfg.action_dim)]
+            shapes = [np.shape(s) for s in state] if isinstance(state, (tuple, list)) else None
+            if shapes != expected:
                 raise ValueError(
-                    f"state holds {carry.deter.shape[0]} envs but the observation batch has {n}."
+                    f"state must be the (deter, stoch, previous action) tuple that predict returned, with "
+                    f"shapes {expected} for {n} observations; got {shapes or type(state).__name__}."
                 )
-            starts = (
-                np.zeros(n, bool) if episode_start is None else np.asarray(episode_start, bool).reshape(n)
-            )
+            carry = core.Carry(*(jnp.asarray(s, jnp.float32) for s in state))
+            starts = np.zeros(n, bool) if given_starts is None else given_starts
         key = jax.random.fold_in(self.policy.state["predict_key"], self._predict_calls)
         self._predict_calls += 1
+        rows = padded_rows(n)  # one compilation per power of two, not per batch size
         action, carry, _, _ = core.policy_step_jit(
             self._config,
             core.policy_params(self.policy.state["agent"]),
-            carry,
-            jnp.asarray(obs),
-            jnp.asarray(starts),
+            core.Carry(*(jnp.asarray(pad_rows(x, rows)) for x in carry)),
+            jnp.asarray(pad_rows(obs, rows)),
+            jnp.asarray(pad_rows(starts, rows)),
             key,
             deterministic=bool(deterministic),
         )
-        env_action = self.action_adapter.to_env(np.asarray(action))
-        new_state = tuple(np.asarray(x) for x in carry)
+        env_action = self.action_adapter.to_env(np.asarray(action)[:n])
+        new_state = tuple(np.asarray(x)[:n] for x in carry)
         if not vectorized:
             env_action = env_action[0]
         return env_action, new_state

@@ -11,9 +11,16 @@ keyword arguments.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
+from sb3_worldmodels.blocks.checks import (
+    INT_AT_LEAST_1,
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY_BELOW_1,
+    UNIT_HALF_OPEN,
+    check_fields,
+)
 from sb3_worldmodels.blocks.jit import check_matmul_precision
 
 # preset -> (units U, deter D, hidden H, classes C); configs.yaml:149-177. The rules D = 8U, H = U,
@@ -173,6 +180,27 @@ SMOKE_SETTINGS: dict = dict(
 examples, benchmarks and tests (seconds to compile and run; it learns nothing useful)."""
 
 
+_RULES = {
+    **dict.fromkeys(
+        ("obs_dim", "action_dim", "units", "deter", "hidden", "classes", "stoch", "blocks", "enc_layers"),
+        INT_AT_LEAST_1,
+    ),
+    **dict.fromkeys(
+        ("dec_layers", "rew_layers", "con_layers", "actor_layers", "critic_layers", "img_layers"),
+        INT_AT_LEAST_1,
+    ),
+    **dict.fromkeys(("obs_layers", "bins", "batch_size", "batch_length", "imag_horizon"), INT_AT_LEAST_1),
+    **dict.fromkeys(("train_ratio", "return_horizon", "minstd", "maxstd", "learning_rate", "agc"), POSITIVE),
+    **dict.fromkeys(("agc_pmin", "eps", "retnorm_limit"), POSITIVE),
+    **dict.fromkeys(("free_nats", "dyn_scale", "rep_scale", "rec_scale", "rew_scale"), NON_NEGATIVE),
+    **dict.fromkeys(("con_scale", "actor_scale", "critic_scale", "repval_scale"), NON_NEGATIVE),
+    **dict.fromkeys(("actent", "slowreg", "warmup"), NON_NEGATIVE),
+    **dict.fromkeys(("unimix", "actor_unimix", "beta1", "beta2"), PROBABILITY_BELOW_1),
+    **dict.fromkeys(("lam", "repval_lam", "slow_rate", "retnorm_rate"), UNIT_HALF_OPEN),
+}
+"""The valid range of each numeric field (checked by :func:`preset`)."""
+
+
 def preset(model_size: str, **overrides) -> DreamerV3Config:
     """The config of a named model size, with explicit field overrides (None means keep)."""
     if model_size not in MODEL_SIZES:
@@ -181,11 +209,15 @@ def preset(model_size: str, **overrides) -> DreamerV3Config:
     base = DreamerV3Config(units=units, deter=deter, hidden=hidden, classes=classes)
     overrides = {k: v for k, v in overrides.items() if v is not None}
     cfg = base.replace(**overrides)
+    check_fields(cfg, _RULES, "DreamerV3")
+    if cfg.bins < 2 or cfg.return_horizon <= 1 or cfg.maxstd < cfg.minstd:
+        raise ValueError(
+            f"DreamerV3: bins={cfg.bins} must be >= 2, return_horizon={cfg.return_horizon} above 1 and "
+            f"maxstd={cfg.maxstd} at least minstd={cfg.minstd}."
+        )
     if cfg.deter % cfg.blocks:
         raise ValueError(f"deter={cfg.deter} must be divisible by blocks={cfg.blocks}.")
     check_matmul_precision(cfg.matmul_precision)
     if cfg.obs_keys and sum(w for _, w in cfg.obs_keys) != cfg.obs_dim:
         raise ValueError(f"obs_keys {cfg.obs_keys} do not add up to obs_dim={cfg.obs_dim}.")
-    if not math.isfinite(cfg.train_ratio) or cfg.train_ratio <= 0:
-        raise ValueError(f"train_ratio must be a positive number, got {cfg.train_ratio}.")
     return cfg

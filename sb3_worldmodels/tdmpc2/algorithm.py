@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels.blocks.jit import agent_jit
-from sb3_worldmodels.common.base import WorldModelAlgorithm
+from sb3_worldmodels.common.base import WorldModelAlgorithm, pad_rows, padded_rows
 from sb3_worldmodels.common.envs import vec_agent_steps_per_episode
 from sb3_worldmodels.common.episode_replay import EpisodeReplay
 from sb3_worldmodels.tdmpc2 import agent as core
@@ -405,34 +405,39 @@ class TDMPC2(WorldModelAlgorithm):
         obs, vectorized = self._predict_batch(observation)
         n = obs.shape[0]
         cfg = self._config
+        starts = self._check_predict_args(deterministic, episode_start, n)
         self._count_stateless_predict(state, episode_start, "loses its plan (the warm start of the next one)")
         if state is None:
             prev = jnp.zeros((n, cfg.horizon, cfg.action_dim), jnp.float32)
             first = np.ones(n, bool)
         else:
-            prev = jnp.asarray(state[0], jnp.float32)
-            if prev.shape != (n, cfg.horizon, cfg.action_dim):
+            expected = (n, cfg.horizon, cfg.action_dim)
+            if not isinstance(state, (tuple, list)) or len(state) != 1 or np.shape(state[0]) != expected:
+                shapes = [np.shape(s) for s in state] if isinstance(state, (tuple, list)) else type(state)
                 raise ValueError(
-                    f"state[0] has shape {tuple(prev.shape)}, expected {(n, cfg.horizon, cfg.action_dim)} "
-                    "(one plan per observation)."
+                    f"state must be the 1-tuple (plan,) that predict returned, with plan of shape {expected} "
+                    f"(one plan per observation); got {shapes}."
                 )
-            first = np.zeros(n, bool) if episode_start is None else np.asarray(episode_start, bool).reshape(n)
+            prev = jnp.asarray(state[0], jnp.float32)
+            first = np.zeros(n, bool) if starts is None else starts
         first = np.asarray(first, bool)
         used_plan = np.where(first[:, None, None], 0.0, np.asarray(prev))  # a restart ignores the plan
         keys = self._predict_keys(bool(deterministic), obs, used_plan, first)
+        rows = padded_rows(n)  # one compilation per power of two, not per batch size
         action, mean = act_jit(
             cfg,
             self.policy.state["agent"].params,
-            jnp.asarray(obs),
-            prev,
-            jnp.asarray(first),
-            keys,
+            jnp.asarray(pad_rows(obs, rows)),
+            jnp.asarray(pad_rows(prev, rows)),
+            jnp.asarray(pad_rows(first, rows)),
+            jnp.asarray(pad_rows(keys, rows)),
             eval_mode=bool(deterministic),
         )
-        env_action = self.action_adapter.to_env(np.asarray(action))
+        action, mean = np.asarray(action)[:n], np.asarray(mean)[:n]
+        env_action = self.action_adapter.to_env(action)
         if not vectorized:
             env_action = env_action[0]
-        return env_action, (np.asarray(mean),)
+        return env_action, (mean,)
 
     def predict_rollout(self, observation: Any, actions: Any) -> dict[str, np.ndarray]:
         """What the world model expects if ``actions`` are taken from ``observation``, open loop.

@@ -10,6 +10,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from sb3_worldmodels.blocks.checks import (
+    INT_AT_LEAST_1,
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY_BELOW_1,
+    UNIT_HALF_OPEN,
+    UNIT_OPEN,
+    check_fields,
+)
 from sb3_worldmodels.blocks.jit import check_matmul_precision
 
 # size -> (enc_dim, mlp_dim, latent_dim, num_enc_layers, num_q); common/__init__.py:1-23.
@@ -143,6 +152,24 @@ SMOKE_SETTINGS: dict = dict(
 examples, benchmarks and tests (seconds to compile and run; it learns nothing useful)."""
 
 
+_RULES = {
+    **dict.fromkeys(
+        ("obs_dim", "action_dim", "enc_dim", "mlp_dim", "latent_dim", "num_enc_layers"), INT_AT_LEAST_1
+    ),
+    **dict.fromkeys(
+        ("num_q", "simnorm_dim", "num_bins", "batch_size", "horizon", "iterations"), INT_AT_LEAST_1
+    ),
+    **dict.fromkeys(("num_samples", "num_elites"), INT_AT_LEAST_1),
+    **dict.fromkeys(("reward_coef", "value_coef", "consistency_coef", "entropy_coef"), NON_NEGATIVE),
+    **dict.fromkeys(("termination_coef", "num_pi_trajs", "enc_lr_scale"), NON_NEGATIVE),
+    **dict.fromkeys(("lr", "grad_clip_norm", "min_std", "max_std", "temperature"), POSITIVE),
+    **dict.fromkeys(("rho", "tau"), UNIT_HALF_OPEN),
+    "discount": UNIT_OPEN,
+    "dropout": PROBABILITY_BELOW_1,
+}
+"""The valid range of each numeric field (checked by :func:`preset`)."""
+
+
 def preset(model_size: int, **overrides) -> TDMPC2Config:
     """The config of a model size (1, 5, 19, 48 or 317), with explicit field overrides (None = keep)."""
     if model_size not in MODEL_SIZES:
@@ -152,6 +179,18 @@ def preset(model_size: int, **overrides) -> TDMPC2Config:
         enc_dim=enc_dim, mlp_dim=mlp_dim, latent_dim=latent_dim, num_enc_layers=num_enc_layers, num_q=num_q
     )
     cfg = base.replace(**{k: v for k, v in overrides.items() if v is not None})
+    check_fields(cfg, _RULES, "TD-MPC2")
+    if (
+        cfg.num_bins < 2
+        or cfg.vmin >= cfg.vmax
+        or cfg.log_std_min >= cfg.log_std_max
+        or cfg.max_std < cfg.min_std
+    ):
+        raise ValueError(
+            "TD-MPC2: num_bins must be >= 2, vmin below vmax, log_std_min below log_std_max and max_std at "
+            f"least min_std (got {cfg.num_bins}, {cfg.vmin}/{cfg.vmax}, {cfg.log_std_min}/{cfg.log_std_max}, "
+            f"{cfg.min_std}/{cfg.max_std})."
+        )
     if cfg.latent_dim % cfg.simnorm_dim:
         raise ValueError(f"latent_dim={cfg.latent_dim} must be divisible by simnorm_dim={cfg.simnorm_dim}.")
     check_matmul_precision(cfg.matmul_precision)

@@ -1,0 +1,113 @@
+"""Every seed of every learning check: one table, and one figure per check with all seeds.
+
+    python benchmarks/seeds_summary.py              # prints the table, writes docs/figures/seeds_*.svg
+
+Reads benchmarks/results/<agent>_<task>_seed<k>.json (written by tdmpc2_learning.py and
+dreamerv3_learning.py) and, where the reference code was run on the same task,
+benchmarks/data/reference_runs.json.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from plot_curves import svg_chart
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+FIGURES = HERE.parent / "docs" / "figures"
+
+CHECKS = {
+    ("tdmpc2", "pendulum"): "TD-MPC2 Pendulum-v1, size 1, 6,000 steps (final evaluation)",
+    ("tdmpc2", "cartpole-balance"): "TD-MPC2 cartpole-balance, size 1, 10,000 steps (final evaluation)",
+    ("dreamerv3", "pendulum"): 'DreamerV3 Pendulum-v1, "1m", 20,000 rows (final evaluation)',
+    ("dreamerv3", "cartpole"): 'DreamerV3 CartPole-v1, "1m", 24,000 rows (mean of evaluations 12K-24K)',
+}
+SUPERSEDED = {
+    ("tdmpc2", "cartpole-balance", 0): "ran before the tau fix of 3335a8f (target Qs copied every update)",
+}
+COLORS = ["#c0392b", "#2471a3", "#229954", "#7d3c98", "#d68910"]
+
+
+def load_results() -> dict[tuple[str, str], list[dict]]:
+    out: dict[tuple[str, str], list[dict]] = {key: [] for key in CHECKS}
+    for path in sorted(RESULTS.glob("*_seed*.json")):
+        match = re.fullmatch(r"(tdmpc2|dreamerv3)_(.+)_seed(\d+)", path.stem)
+        if not match or (match[1], match[2]) not in CHECKS:
+            continue
+        result = json.loads(path.read_text())
+        result["_seed"] = int(match[3])
+        out[match[1], match[2]].append(result)
+    return out
+
+
+def table(results: dict[tuple[str, str], list[dict]]) -> str:
+    lines = [
+        "| check | seed | score | bar | result | updates | wall-clock | date | commit | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, title in CHECKS.items():
+        for r in sorted(results[key], key=lambda r: r["_seed"]):
+            done = r.get("done", True)
+            verdict = "pass" if r["passed"] else ("fail" if done else "running")
+            note = SUPERSEDED.get((*key, r["_seed"]), "")
+            cells = [title.split(" (")[0], r["_seed"], f"{r['score']:.1f}", f"{r['threshold']:g}", verdict]
+            cells += [f"{r['updates']:,}", f"{r['wall_seconds'] / 60:.0f} min", r.get("date", "")]
+            cells += [r.get("commit", "") or "-", note]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
+def figure(key: tuple[str, str], runs: list[dict], references: list[dict]) -> Path | None:
+    if not runs:
+        return None
+    step_key = "steps" if key[0] == "tdmpc2" else "rows"
+    series = []
+    current = [r for r in runs if (*key, r["_seed"]) not in SUPERSEDED]
+    for i, r in enumerate(sorted(current, key=lambda r: r["_seed"])):
+        color = COLORS[i % len(COLORS)]
+        train = r.get("train_curve") or []
+        if train:
+            series.append(
+                {
+                    "x": [p[step_key] for p in train],
+                    "y": [p["return"] for p in train],
+                    "color": color,
+                    "width": 1,
+                    "label": f"seed {r['_seed']}: training episodes",
+                }
+            )
+        series.append(
+            {
+                "x": [p[step_key] for p in r["curve"]],
+                "y": [p["eval_mean"] for p in r["curve"]],
+                "color": color,
+                "width": 2,
+                "dots": True,
+                "label": f"seed {r['_seed']}: evaluation, score {r['score']:.0f}",
+            }
+        )
+    for ref in references:
+        series.append({"x": ref["x"], "y": ref["y"], "color": "#555555", "width": 2, "label": ref["label"]})
+    threshold = runs[0].get("threshold")
+    svg = svg_chart(series, threshold, CHECKS[key], step_key)
+    target = FIGURES / f"seeds_{key[0]}_{key[1]}.svg"
+    target.write_text(svg)
+    return target
+
+
+def main() -> None:
+    results = load_results()
+    reference = json.loads((HERE / "data" / "reference_runs.json").read_text())
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    for key, runs in results.items():
+        path = figure(key, runs, reference.get(f"{key[0]}_{key[1]}", []))
+        if path:
+            print(path)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
