@@ -183,3 +183,40 @@ class ScriptedEpisodesEnv(gym.Env):
         end = self.t >= self.length(self.k)
         even = self.k % 2 == 0
         return self._obs(), float(10 * self.k + self.t), end and even, end and not even, {}
+
+
+class DriverScriptEnv(gym.Env):
+    """Env ``index`` of a 2-env scripted run with exactly two episodes per env, of known lengths:
+    obs = (index, step t, episode k); the step into obs t of episode k pays 100·index + 10·k + t + 0.5;
+    ``EPISODES[index][k]`` = (steps, ends by termination). Recorded from the reference's own driver
+    (tests/fixtures/dreamerv3/driver_*, see README there); ``action_for`` is the scripted policy."""
+
+    EPISODES = {0: ((5, True), (13, False)), 1: ((10, False), (8, True))}  # noqa: RUF012
+    observation_space = spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, index: int) -> None:
+        self.index, self.k, self.t = index, -1, 0
+
+    @staticmethod
+    def reward(index: int, k: int, t: int) -> float:
+        return float(100 * index + 10 * k + t) + 0.5
+
+    @staticmethod
+    def action_for(index: int, t: int, k: int) -> int:
+        return (index + t + k) % 2
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.index, self.t, self.k], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.k, self.t = self.k + 1, 0  # a third reset (SB3's autoreset after the end) is never stepped
+        return self._obs(), {}
+
+    def step(self, action):
+        steps, terminates = self.EPISODES[self.index][self.k]
+        self.t += 1
+        end = self.t >= steps
+        reward = self.reward(self.index, self.k, self.t)
+        return self._obs(), reward, end and terminates, end and not terminates, {}

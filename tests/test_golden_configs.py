@@ -313,7 +313,7 @@ DV3_MAP = {
     "loss_scales.replay_critic": ("_config.repval_scale", _ID),
     "run.train_ratio": ("_config.train_ratio", _ID),
     "run.num_envs": ("n_envs", _ID),
-    "run.train_fill": ("learning_starts", _ID),  # rows collected before training may start (both 0)
+    "run.train_fill": ("_config.train_fill", _ID),  # rows collected before training may start (both 0)
     "batch_size": ("_config.batch_size", _ID),
     # The reference's batch_length counts the sampled rows, context included (replay_context 1):
     # 65 = our batch_length (trained rows, T) + 1 (spec §11; our window has T + 1 rows).

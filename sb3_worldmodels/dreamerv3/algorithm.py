@@ -52,6 +52,9 @@ class DreamerV3(WorldModelAlgorithm):
 
     :param replay_capacity: rows kept over all envs (Table 4: 5e6); the replay is allocated by
         ``learn`` for at most the rows that the run can write (``replay_bytes_per_seed`` gives its size).
+    :param learning_starts: SB3's meaning: rows of uniform random actions before the policy acts, and
+        no update before them (0 in the reference, which has no such phase; its ``train_fill`` only
+        delays training: pass ``train_fill``).
     :param action_repeat: simulator steps per agent step: an env built from an id is wrapped in
         :class:`~sb3_worldmodels.common.envs.ActionRepeat`; a given env must repeat itself. The frame
         counter ``rollout/env_frames`` is rows * action_repeat.
@@ -92,6 +95,7 @@ class DreamerV3(WorldModelAlgorithm):
         critic_scale: float = 1.0,
         repval_scale: float = 0.3,
         train_ratio: float = 512,
+        train_fill: int = 0,
         batch_size: int = 16,
         batch_length: int = 64,
         imag_horizon: int = 15,
@@ -141,7 +145,7 @@ class DreamerV3(WorldModelAlgorithm):
         self.dyn_scale, self.rep_scale, self.rec_scale = dyn_scale, rep_scale, rec_scale
         self.rew_scale, self.con_scale, self.actor_scale = rew_scale, con_scale, actor_scale
         self.critic_scale, self.repval_scale = critic_scale, repval_scale
-        self.train_ratio, self.batch_length = train_ratio, batch_length
+        self.train_ratio, self.train_fill, self.batch_length = train_ratio, train_fill, batch_length
         self.imag_horizon, self.return_horizon, self.lam, self.repval_lam = (
             imag_horizon,
             return_horizon,
@@ -387,7 +391,9 @@ class DreamerV3(WorldModelAlgorithm):
         the reference's ratio owes, row by row, once the replay holds ``batch_size`` windows."""
         for items in items_after_rows:
             self._rows += 1
-            if self._rows > self.learning_starts and items >= self._config.batch_size:
+            # train_fill is the reference's gate (step >= train_fill); learning_starts is SB3's.
+            trainable = self._rows >= self._config.train_fill and self._rows > self.learning_starts
+            if trainable and items >= self._config.batch_size:
                 self._pending_updates += self._schedule(self._rows)
 
     # ------------------------------------------------------------------ training

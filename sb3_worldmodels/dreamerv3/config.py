@@ -102,6 +102,10 @@ class DreamerV3Config:
     train_ratio: float = 512.0
     """Replayed (trained) rows per collected row: an update every B*T/train_ratio rows. 512 is the
     ``dmc_proprio`` block (configs.yaml:236@2411f7d); the ``defaults`` block has 32.0 (configs.yaml:52)."""
+    train_fill: int = 0
+    """Rows collected before training may start: updates run from the row counter ``train_fill`` on
+    (``step >= train_fill``, embodied/run/train.py:81@2411f7d; ``run.train_fill: 0``, configs.yaml:53).
+    Unlike SB3's ``learning_starts`` it does not change how the agent acts."""
     batch_size: int = 16
     """B, sequences per batch."""
     batch_length: int = 64
@@ -194,7 +198,7 @@ _RULES = {
     **dict.fromkeys(("agc_pmin", "eps", "retnorm_limit"), POSITIVE),
     **dict.fromkeys(("free_nats", "dyn_scale", "rep_scale", "rec_scale", "rew_scale"), NON_NEGATIVE),
     **dict.fromkeys(("con_scale", "actor_scale", "critic_scale", "repval_scale"), NON_NEGATIVE),
-    **dict.fromkeys(("actent", "slowreg", "warmup"), NON_NEGATIVE),
+    **dict.fromkeys(("actent", "slowreg", "warmup", "train_fill"), NON_NEGATIVE),
     **dict.fromkeys(("unimix", "actor_unimix", "beta1", "beta2"), PROBABILITY_BELOW_1),
     **dict.fromkeys(("lam", "repval_lam", "slow_rate", "retnorm_rate"), UNIT_HALF_OPEN),
 }
