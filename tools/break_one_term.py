@@ -74,6 +74,12 @@ BREAKS = [
     Break("dreamerv3", "slow_critic_rate", "slow-critic EMA rate halved",
           D_AGENT, "ema_update(state.slow_critic, params[\"critic\"], config.slow_rate,",
           "ema_update(state.slow_critic, params[\"critic\"], 0.5 * config.slow_rate,"),
+    Break("dreamerv3", "warmup", "learning-rate warmup read after the count is incremented",
+          "sb3_worldmodels/blocks/optim.py", "jnp.clip(state.count.astype(jnp.float32) / warmup, 0.0, 1.0)",
+          "jnp.clip((state.count + 1).astype(jnp.float32) / warmup, 0.0, 1.0)"),
+    Break("dreamerv3", "agc_limit", "adaptive gradient clipping limit without the pmin floor",
+          "sb3_worldmodels/blocks/optim.py", "limit = clip * jnp.maximum(pmin, param_norm)",
+          "limit = clip * param_norm"),
     # --- TD-MPC2: coefficients, targets, normaliser, clip, schedule
     Break("tdmpc2", "consistency_coef", "consistency loss coefficient 20 -> 10",
           T_AGENT, "config.consistency_coef * consistency", "0.5 * config.consistency_coef * consistency"),
@@ -142,13 +148,16 @@ def run_break(brk: Break | None, agent: str, timeout: int) -> dict:
 
 
 def markdown(records: list[dict]) -> str:
+    """One row per break: the tests (functions, parameters folded) that failed, and how many did."""
     lines = [
-        "| agent | break | what was broken | caught by |",
-        "|---|---|---|---|",
+        "| agent | break | what was broken | failed tests | caught by |",
+        "|---|---|---|---|---|",
     ]
     for r in records:
-        caught = ", ".join(f"`{t.split('::')[-1]}`" for t in r["failed"]) or "**nothing: a missing test**"
-        lines.append(f"| {r['agent']} | `{r['name']}` | {r['what']} | {caught} |")
+        tests = sorted({t.split("::")[-1].split("[")[0] for t in r.get("failed", [])})
+        caught = ", ".join(f"`{t}`" for t in tests) or "**nothing: a missing test**"
+        count = len(r.get("failed", []))
+        lines.append(f"| {r['agent']} | `{r['name']}` | {r['what']} | {count} | {caught} |")
     return "\n".join(lines)
 
 
