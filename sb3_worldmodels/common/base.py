@@ -81,20 +81,64 @@ def _walk_callbacks(callback: BaseCallback | None) -> Iterator[BaseCallback]:
 
 
 def _write_atomically(path: str | os.PathLike, suffix: str, write: Callable[[str], None]) -> None:
-    """Call ``write`` on a temporary file beside ``path`` (``suffix`` added when it has none), then
-    rename it into place, so an interrupted save never leaves a truncated file behind."""
+    """Call ``write`` on a temporary file beside ``path`` (``suffix`` added when it has none), flush it
+    to disk, then rename it into place: an interrupted save never leaves a truncated file behind.
+
+    The file gets the permissions a plain ``open`` would give (0666 less the umask, as SB3's files).
+    Temporary files left by a save that was killed (their writer's process is gone) are removed.
+    """
     target = Path(path)
     if target.suffix == "":
         target = target.with_suffix(suffix)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp" + suffix, dir=target.parent)
+    prefix = f".{target.name}.{os.getpid()}."
+    _remove_orphaned_temporaries(target, suffix)
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp" + suffix, dir=target.parent)
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
         os.replace(tmp, target)
+        _fsync_directory(target.parent)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _remove_orphaned_temporaries(target: Path, suffix: str) -> None:
+    """Delete ``.<name>.<pid>.*.tmp<suffix>`` files beside ``target`` whose writing process is gone."""
+    for leftover in target.parent.glob(f".{target.name}.*.tmp{suffix}"):
+        pid = leftover.name[len(target.name) + 2 :].split(".", 1)[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            leftover.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _fsync_directory(folder: Path) -> None:
+    """Persist a rename on POSIX (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class WorldModelAlgorithm(OffPolicyAlgorithm):
@@ -333,7 +377,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         **kwargs: Any,
     ):
         try:
-            data, _, _ = load_from_zip_file(
+            data, params, _ = load_from_zip_file(
                 path, device="cpu", custom_objects=custom_objects, print_system_info=print_system_info
             )
         except Exception as error:
@@ -349,6 +393,17 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             raise ValueError(
                 f"{path!r} was saved by {saved}, not by {cls.__name__}: "
                 "load it with the algorithm that saved it."
+            )
+        if "policy" not in (params or {}):
+            raise ValueError(
+                f"{path!r} has no policy weights (policy.pth is missing from the zip): the file is "
+                "incomplete or was not written by save()."
+            )
+        version = data.get("format_version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise ValueError(
+                f"{path!r} has checkpoint format {version!r}; this sb3_worldmodels reads format "
+                f"{FORMAT_VERSION} and older: upgrade sb3_worldmodels to load it."
             )
         return super().load(
             path,

@@ -1,0 +1,111 @@
+"""Checkpoints survive a killed save, carry SB3's permissions, and incomplete or newer files are refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from gymnasium.wrappers import TimeLimit
+from stable_baselines3.common.env_util import make_vec_env
+
+from sb3_worldmodels import TDMPC2
+from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS
+from tests.probe_envs import ChainEnv
+
+SETTINGS = {**SMOKE_SETTINGS, "seed": 0, "seed_steps": 10}
+
+
+def tiny_model() -> TDMPC2:
+    return TDMPC2(make_vec_env(lambda: TimeLimit(ChainEnv(), 10), n_envs=1), **SETTINGS)
+
+
+def test_a_checkpoint_has_the_permissions_of_a_plain_file(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        tiny_model().save(tmp_path / "model.zip")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "model.zip").stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["model.zip"]
+
+
+KILLED_SAVE = textwrap.dedent(
+    """
+    import sys, time
+    from stable_baselines3.common import base_class
+    from tests.test_checkpoint_faults import tiny_model
+
+    model = tiny_model()
+    model.save(sys.argv[1])  # one complete checkpoint
+    print("saved", flush=True)
+
+    def stalled(path, data=None, params=None, pytorch_variables=None, verbose=0):
+        with open(path, "wb") as handle:
+            handle.write(b"PK partial checkpoint")
+            handle.flush()
+        time.sleep(600)
+
+    base_class.save_to_zip_file = stalled
+    model.save(sys.argv[1])
+    """
+)
+
+
+def test_a_killed_save_keeps_the_last_checkpoint_and_its_leftover_is_removed(tmp_path):
+    target = tmp_path / "model.zip"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_SAVE, str(target)],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    try:
+        assert proc.stdout.readline().strip() == "saved"
+        deadline = time.time() + 120
+        while not list(tmp_path.glob(".model.zip.*.tmp.zip")) and time.time() < deadline:
+            time.sleep(0.1)
+        leftovers = list(tmp_path.glob(".model.zip.*.tmp.zip"))
+        assert leftovers, "the second save never started writing"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # The killed save left its temporary file, and the last complete checkpoint is untouched.
+    assert leftovers[0].exists()
+    loaded = TDMPC2.load(target)
+    assert loaded.seed_steps == 10
+    # The next save removes the dead process's leftover.
+    loaded.save(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.zip"]
+
+
+def _rewrite(src: Path, dst: Path, drop: str | None = None, data_update: dict | None = None) -> None:
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for item in zin.infolist():
+            if item.filename == drop:
+                continue
+            content = zin.read(item.filename)
+            if item.filename == "data" and data_update:
+                content = json.dumps({**json.loads(content), **data_update}).encode()
+            zout.writestr(item, content)
+
+
+def test_incomplete_and_newer_checkpoints_are_refused(tmp_path):
+    tiny_model().save(tmp_path / "model.zip")
+    _rewrite(tmp_path / "model.zip", tmp_path / "no_policy.zip", drop="policy.pth")
+    with pytest.raises(ValueError, match="policy.pth is missing"):
+        TDMPC2.load(tmp_path / "no_policy.zip")
+    _rewrite(tmp_path / "model.zip", tmp_path / "newer.zip", data_update={"format_version": 99})
+    with pytest.raises(ValueError, match="format 99.*upgrade"):
+        TDMPC2.load(tmp_path / "newer.zip")
