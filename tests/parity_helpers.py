@@ -69,3 +69,23 @@ DREAMERV3_METRICS = {  # our metric -> reference metric (agent.py:362-390@2411f7
     "imag_reward_mean": "rew/mean",
     "imag_reward_std": "rew/std",
 }
+
+
+def dreamerv3_update_record(before: Any, after: Any, metrics: Any, latents: Any, aux: dict) -> dict:
+    """What the DreamerV3 parity tests keep of one ``update_with_noise`` call, as numpy."""
+    import jax
+
+    from sb3_worldmodels.dreamerv3.reference_weights import flatten_tree
+
+    def as_numpy(tree: Any) -> Any:
+        return jax.tree_util.tree_map(np.asarray, tree)
+
+    return {
+        "before": before,
+        "state": after,
+        "metrics": as_numpy(metrics),
+        "latents": as_numpy(latents),
+        "grads": flatten_tree(aux["grads"]),
+        "updates": flatten_tree(aux["updates"]),
+        "internals": as_numpy(aux["internals"]),
+    }

@@ -154,12 +154,17 @@ def run_ours(
     return model, rec
 
 
-@pytest.fixture(scope="module")
-def ratio8() -> tuple[dict, dict, DreamerV3, Recorder]:
-    ref, meta = load("ratio8")
+def run_record(name: str) -> tuple[dict, dict, DreamerV3, Recorder]:
+    """The reference's record ``name`` and our run with its settings."""
+    ref, meta = load(name)
     with pytest.MonkeyPatch.context() as mp:
         model, rec = run_ours(mp, ref, train_ratio=meta["train_ratio"], train_fill=meta["train_fill"])
     return ref, meta, model, rec
+
+
+@pytest.fixture(scope="module")
+def ratio8() -> tuple[dict, dict, DreamerV3, Recorder]:
+    return run_record("ratio8")
 
 
 def ours_rows(model: DreamerV3, env: int) -> dict[str, np.ndarray]:
@@ -509,10 +514,7 @@ def test_context_row_of_a_batch_is_the_stored_row(ratio8):
 
 @pytest.fixture(scope="module")
 def ratio12_fill25() -> tuple[dict, dict, DreamerV3, Recorder]:
-    ref, meta = load("ratio12_fill25")
-    with pytest.MonkeyPatch.context() as mp:
-        model, rec = run_ours(mp, ref, train_ratio=meta["train_ratio"], train_fill=meta["train_fill"])
-    return ref, meta, model, rec
+    return run_record("ratio12_fill25")
 
 
 def test_train_fill_gate_reference_record(ratio12_fill25):

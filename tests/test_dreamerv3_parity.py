@@ -70,7 +70,7 @@ from sb3_worldmodels.dreamerv3.reference_weights import (
 )
 from tests.parity_helpers import DREAMERV3_METRICS as METRICS
 from tests.parity_helpers import DREAMERV3_TERMS as TERMS
-from tests.parity_helpers import assert_close
+from tests.parity_helpers import assert_close, dreamerv3_update_record
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dreamerv3"
 REF_JIT_ZERO_LOGITS_MEAN = np.float32(-0.1644754)
@@ -194,13 +194,7 @@ def run(request: pytest.FixtureRequest) -> dict[str, Any]:
             batch = fixture_batch(load(f"{prefix}batch{suffix}"), config)
             new_state, metrics, latents, aux = update(config, state, batch, recorded_noise(forward, config))
             out[step] = {
-                "before": state,
-                "state": new_state,
-                "metrics": _numpy(metrics),
-                "latents": _numpy(latents),
-                "grads": flatten_tree(aux["grads"]),
-                "updates": flatten_tree(aux["updates"]),
-                "internals": _numpy(aux["internals"]),
+                **dreamerv3_update_record(state, new_state, metrics, latents, aux),
                 "forward": forward,
                 "train": load(f"{prefix}train_step{step if step > 1 else ''}"),
             }

@@ -63,7 +63,7 @@ from sb3_worldmodels.dreamerv3.reference_weights import (
 )
 from tests.parity_helpers import DREAMERV3_METRICS as METRICS
 from tests.parity_helpers import DREAMERV3_TERMS as TERMS
-from tests.parity_helpers import assert_close
+from tests.parity_helpers import assert_close, dreamerv3_update_record
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dreamerv3"
 PREFIX = "agent1m_trained_"
@@ -236,15 +236,7 @@ def run() -> dict[str, Any]:
     update = jax.jit(A.update_with_noise, static_argnames="config")
     for step in STEPS:
         new_state, metrics, latents, aux = update(CONFIG, state, batch_of(u, step), noise_of(u, step))
-        out[step] = {
-            "before": state,
-            "state": new_state,
-            "metrics": _numpy(metrics),
-            "latents": _numpy(latents),
-            "grads": flatten_tree(aux["grads"]),
-            "updates": flatten_tree(aux["updates"]),
-            "internals": _numpy(aux["internals"]),
-        }
+        out[step] = dreamerv3_update_record(state, new_state, metrics, latents, aux)
         state = new_state
     return out
 
