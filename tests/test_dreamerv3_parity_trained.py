@@ -222,10 +222,6 @@ def reference_after(
     return out
 
 
-def _numpy(tree: Any) -> Any:
-    return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))
-
-
 @pytest.fixture(scope="module")
 def run() -> dict[str, Any]:
     """The five recorded updates replayed through our update, chaining our own state."""
