@@ -158,3 +158,13 @@ def test_predict_compiles_once_per_power_of_two(model):
 
 def test_a_gymnasium_env_is_accepted_as_is():
     assert DreamerV3(gym.make("Pendulum-v1"), **AGENTS["dreamerv3"][1]).n_envs == 1
+
+
+def test_a_replay_buffer_with_another_batch_length_is_refused(tmp_path):
+    model = build("dreamerv3")
+    model.learn(30)
+    model.save_replay_buffer(tmp_path / "rb.pkl")
+    other = build("dreamerv3", batch_length=DREAMER_SMOKE["batch_length"] + 2)
+    with pytest.raises(ValueError, match="batch_length"):
+        other.load_replay_buffer(tmp_path / "rb.pkl")
+    assert other.replay_buffer is None

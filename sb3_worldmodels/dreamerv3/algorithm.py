@@ -258,6 +258,12 @@ class DreamerV3(WorldModelAlgorithm):
                 "This replay buffer does not fit the model: it was saved with other spaces, model sizes or "
                 f"n_envs (buffer n_envs={buffer.n_envs}, model n_envs={self.n_envs})."
             )
+        if buffer.window != self._config.batch_length + 1:
+            raise ValueError(
+                f"This replay buffer samples windows of {buffer.window} rows, but the model trains on "
+                f"batch_length + 1 = {self._config.batch_length + 1}: it was saved with "
+                f"batch_length={buffer.window - 1}. Load it into a model with that batch_length."
+            )
 
     def _setup_learn(
         self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run", progress_bar=False
