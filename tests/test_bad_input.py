@@ -168,3 +168,19 @@ def test_a_replay_buffer_with_another_batch_length_is_refused(tmp_path):
     with pytest.raises(ValueError, match="batch_length"):
         other.load_replay_buffer(tmp_path / "rb.pkl")
     assert other.replay_buffer is None
+
+
+class EndlessEnv(ChainEnv):
+    """An env that never ends an episode."""
+
+    def step(self, action):
+        obs, reward, _, _, info = super().step(action)
+        return obs, reward, False, False, info
+
+
+def test_tdmpc2_says_when_episodes_never_end():
+    model = build("tdmpc2", make_vec_env(EndlessEnv, n_envs=1), episode_length=10, buffer_size=40)
+    with pytest.warns(UserWarning, match="no episode has finished"):
+        with pytest.raises(ValueError, match="without ending.*TimeLimit"):
+            model.learn(100)
+    assert model.replay_buffer.longest_running <= 41

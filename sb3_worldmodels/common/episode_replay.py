@@ -181,6 +181,11 @@ class EpisodeReplay(ReplayBuffer):
         self._stored_steps += steps
         return True
 
+    @property
+    def longest_running(self) -> int:
+        """Steps of the longest episode still running (0 when none has started)."""
+        return max((len(entries) - 1 for entries in self._open), default=0)
+
     def discard_running(self) -> None:
         """Forget every env's running episode (e.g. on a new ``learn`` with fresh envs)."""
         self._open = [[] for _ in range(self.n_envs)]

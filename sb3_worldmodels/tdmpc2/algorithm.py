@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -351,6 +352,13 @@ class TDMPC2(WorldModelAlgorithm):
                 "terminated": terminated.astype(np.float32),
             },
         )
+        running, capacity = self.replay_buffer.longest_running, self.replay_buffer.capacity_steps
+        if running > capacity:
+            raise ValueError(
+                f"An episode has run for {running} agent steps without ending, more than the replay holds "
+                f"({capacity} steps: min(buffer_size, the run's steps)). TD-MPC2 learns from finished "
+                "episodes: end them with a time limit (gymnasium.wrappers.TimeLimit) or raise buffer_size."
+            )
         for i in np.flatnonzero(dones):
             self.replay_buffer.finish_episode(int(i))
         if dones.any():
@@ -366,6 +374,14 @@ class TDMPC2(WorldModelAlgorithm):
     # ------------------------------------------------------------------ training
     def _take_owed_updates(self) -> int:
         if self.replay_buffer.num_episodes == 0:  # updates wait for the first finished episode
+            if self._owed_updates and not getattr(self, "_warned_no_episode", False):
+                self._warned_no_episode = True
+                warnings.warn(
+                    f"TD-MPC2 owes {self._owed_updates} updates but no episode has finished after "
+                    f"{self.num_timesteps} steps: it trains on finished episodes only. If the env never "
+                    "ends an episode, wrap it in gymnasium.wrappers.TimeLimit.",
+                    stacklevel=2,
+                )
             return 0
         owed, self._owed_updates = self._owed_updates, 0
         return owed
