@@ -184,3 +184,9 @@ def test_tdmpc2_says_when_episodes_never_end():
         with pytest.raises(ValueError, match="without ending.*TimeLimit"):
             model.learn(100)
     assert model.replay_buffer.longest_running <= 41
+
+
+def test_one_discrete_observation_gets_a_0d_array_as_sb3():
+    model = DreamerV3("CartPole-v1", **{**DREAMER_SMOKE, "n_envs": 1, "seed": 0})
+    action, _ = model.predict(model.env.reset()[0], deterministic=True)
+    assert isinstance(action, np.ndarray) and action.shape == () and action.dtype.kind == "i"

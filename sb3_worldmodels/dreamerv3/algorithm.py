@@ -469,7 +469,7 @@ class DreamerV3(WorldModelAlgorithm):
         env_action = self.action_adapter.to_env(np.asarray(action)[:n])
         new_state = tuple(np.asarray(x)[:n] for x in carry)
         if not vectorized:
-            env_action = env_action[0]
+            env_action = np.asarray(env_action[0])  # SB3 gives a 0-d array for one Discrete action
         return env_action, new_state
 
     def predict_rollout(self, state: tuple[np.ndarray, ...], actions: Any) -> dict[str, np.ndarray]:
