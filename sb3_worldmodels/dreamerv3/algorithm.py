@@ -440,11 +440,15 @@ class DreamerV3(WorldModelAlgorithm):
         self._count_stateless_predict(
             state, episode_start, "is recurrent and forgets everything between such calls"
         )
+        cfg = self._config
         if state is None:
-            carry = core.init_carry(self._config, n)
+            carry = [
+                np.zeros((n, cfg.deter), np.float32),
+                np.zeros((n, cfg.stoch, cfg.classes), np.float32),
+                np.zeros((n, cfg.action_dim), np.float32),
+            ]
             starts = np.ones(n, bool)
         else:
-            cfg = self._config
             expected = [(n, cfg.deter), (n, cfg.stoch, cfg.classes), (n, cfg.action_dim)]
             shapes = [np.shape(s) for s in state] if isinstance(state, (tuple, list)) else None
             if shapes != expected:
@@ -452,7 +456,7 @@ class DreamerV3(WorldModelAlgorithm):
                     f"state must be the (deter, stoch, previous action) tuple that predict returned, with "
                     f"shapes {expected} for {n} observations; got {shapes or type(state).__name__}."
                 )
-            carry = core.Carry(*(jnp.asarray(s, jnp.float32) for s in state))
+            carry = [np.asarray(s, np.float32) for s in state]
             starts = np.zeros(n, bool) if given_starts is None else given_starts
         key = jax.random.fold_in(self.policy.state["predict_key"], self._predict_calls)
         self._predict_calls += 1

@@ -424,7 +424,7 @@ class TDMPC2(WorldModelAlgorithm):
         starts = self._check_predict_args(deterministic, episode_start, n)
         self._count_stateless_predict(state, episode_start, "loses its plan (the warm start of the next one)")
         if state is None:
-            prev = jnp.zeros((n, cfg.horizon, cfg.action_dim), jnp.float32)
+            prev = np.zeros((n, cfg.horizon, cfg.action_dim), np.float32)
             first = np.ones(n, bool)
         else:
             expected = (n, cfg.horizon, cfg.action_dim)
@@ -434,10 +434,9 @@ class TDMPC2(WorldModelAlgorithm):
                     f"state must be the 1-tuple (plan,) that predict returned, with plan of shape {expected} "
                     f"(one plan per observation); got {shapes}."
                 )
-            prev = jnp.asarray(state[0], jnp.float32)
+            prev = np.asarray(state[0], np.float32)
             first = np.zeros(n, bool) if starts is None else starts
-        first = np.asarray(first, bool)
-        used_plan = np.where(first[:, None, None], 0.0, np.asarray(prev))  # a restart ignores the plan
+        used_plan = np.where(first[:, None, None], 0.0, prev)  # a restart ignores the plan
         keys = self._predict_keys(bool(deterministic), obs, used_plan, first)
         rows = padded_rows(n)  # one compilation per power of two, not per batch size
         action, mean = act_jit(
