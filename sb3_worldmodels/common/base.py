@@ -13,9 +13,11 @@ the local names callbacks read (``actions``, ``new_obs``, ``rewards``, ``dones``
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import tempfile
 import warnings
+import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,25 +26,55 @@ from typing import Any
 import gymnasium as gym
 import jax
 import numpy as np
+import stable_baselines3 as sb3
 from gymnasium import spaces
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
-from stable_baselines3.common.save_util import load_from_zip_file
+from stable_baselines3.common.save_util import load_from_pkl
 from stable_baselines3.common.type_aliases import RolloutReturn, TrainFreq, TrainFrequencyUnit
-from stable_baselines3.common.utils import should_collect_more_steps
+from stable_baselines3.common.utils import (
+    check_for_correct_spaces,
+    get_system_info,
+    should_collect_more_steps,
+)
 from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 from stable_baselines3.her.her_replay_buffer import HerReplayBuffer
 
 from sb3_worldmodels.blocks.random import fold_in_rows
+from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.boundary import ActionAdapter, ObservationAdapter
 from sb3_worldmodels.common.callbacks import WorldModelCallback
 from sb3_worldmodels.common.envs import ActionRepeat, vec_env_from_gymnasium
 from sb3_worldmodels.common.policy import JaxPolicy
+from sb3_worldmodels.common.replay_state import replay_from_state
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: attributes as JSON (safe_io); 1: attributes pickled by SB3
+
+
+def _checkpoint_header(blob: bytes, what: str) -> dict[str, Any]:
+    """The checkpoint's plain JSON entries (nothing is decoded or unpickled)."""
+    try:
+        raw = json.loads(blob.decode(errors="replace"))
+    except ValueError as error:
+        raise ValueError(f"{what}: its 'data' part is not valid JSON ({error}).") from error
+    if not isinstance(raw, dict):
+        raise ValueError(f"{what}: its 'data' part is not a JSON object.")
+    return raw
+
+
+def _stored_policy_name(header: dict[str, Any]) -> str:
+    """The policy class SB3 recorded, read from the readable fields beside its pickle."""
+    entry = header.get("policy_class")
+    module = entry.get("__module__") if isinstance(entry, dict) else None
+    if isinstance(module, str):
+        parts = module.split(".")
+        named = len(parts) == 3 and parts[2] == "policies" and parts[1] != "common"
+        algo = f"{parts[1].upper()}, " if named else ""
+        return f"{algo}a policy class from {module}"
+    return "no sb3_worldmodels algorithm name"
 
 
 def _is_env_id(value: Any) -> bool:
@@ -336,31 +368,76 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
 
     # ------------------------------------------------------------------ save / load
     def save(self, path: str | os.PathLike | Any, exclude=None, include=None) -> None:
-        """SB3's zip format, written atomically (a temporary file renamed into place)."""
+        """SB3's zip layout with attributes as plain JSON and weights as tensors (no pickles, see
+        :mod:`sb3_worldmodels.common.safe_io`), written atomically (a temporary file renamed into place).
+
+        An attribute JSON cannot express (a callable learning rate, a custom object) is pickled as SB3
+        does, with a warning: loading it then needs ``custom_objects`` or ``trust_pickled_code=True``.
+        """
+        members = self._checkpoint_members(exclude, include)
         if not isinstance(path, (str, os.PathLike)):
-            return super().save(path, exclude=exclude, include=include)
-        _write_atomically(
-            path, ".zip", lambda tmp: super(WorldModelAlgorithm, self).save(tmp, exclude, include)
-        )
+            safe_io.write_zip(path, members)
+            return
+        _write_atomically(path, ".zip", lambda tmp: safe_io.write_zip(tmp, members))
+
+    def _checkpoint_members(self, exclude: Any, include: Any) -> dict[str, bytes]:
+        excluded = set(exclude or ()).union(self._excluded_save_params(), ("lr_schedule", "policy_class"))
+        excluded = excluded.difference(include or ())
+        excluded.update(name.split(".")[0] for name in self._get_torch_save_params()[0])
+        attributes = {key: value for key, value in self.__dict__.items() if key not in excluded}
+        text, pickled = safe_io.encode_attributes(attributes)
+        if pickled:
+            warnings.warn(
+                f"Saved {', '.join(pickled)} as pickled Python objects (not expressible as plain data): "
+                f"load() will need custom_objects={{{', '.join(repr(k) + ': ...' for k in pickled)}}} "
+                "or trust_pickled_code=True. A float learning rate or SB3's schedule classes "
+                "(LinearSchedule, ConstantSchedule) are stored as plain data.",
+                stacklevel=3,
+            )
+        return {
+            "data": text.encode(),
+            "pytorch_variables.pth": safe_io.tensors_to_bytes({}),
+            **{f"{name}.pth": safe_io.tensors_to_bytes(p) for name, p in self.get_parameters().items()},
+            "_stable_baselines3_version": sb3.__version__.encode(),
+            "system_info.txt": get_system_info(print_info=False)[1].encode(),
+        }
 
     def save_replay_buffer(self, path: str | os.PathLike | Any) -> None:
-        """Pickle the replay buffer (SB3's format), written atomically."""
+        """The replay as arrays plus JSON metadata in one ``.npz`` archive (no pickles), written
+        atomically; a path without a suffix gets SB3's ``.pkl``."""
         if self.replay_buffer is None:
             raise ValueError(
                 "There is no replay buffer to save yet: it is created by the first learn() call."
             )
+        arrays, meta = self.replay_buffer.export_state()
         if not isinstance(path, (str, os.PathLike)):
-            return super().save_replay_buffer(path)
-        _write_atomically(path, ".pkl", lambda tmp: super(WorldModelAlgorithm, self).save_replay_buffer(tmp))
+            safe_io.save_npz(path, arrays, meta)
+            return
 
-    def load_replay_buffer(self, path: Any, truncate_last_traj: bool = True) -> None:
-        previous = self.replay_buffer
-        try:
-            super().load_replay_buffer(path, truncate_last_traj=truncate_last_traj)
-            self._check_replay_buffer(self.replay_buffer)
-        except Exception:
-            self.replay_buffer = previous
-            raise
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as handle:
+                safe_io.save_npz(handle, arrays, meta)
+
+        _write_atomically(path, ".pkl", write)
+
+    def load_replay_buffer(
+        self, path: Any, truncate_last_traj: bool = True, trust_pickled_code: bool = False
+    ) -> None:
+        """Load a replay written by :meth:`save_replay_buffer`. A pickled replay (older files) loads
+        only with ``trust_pickled_code=True``: unpickling runs code stored in the file. A refused or
+        mismatched file leaves the current replay in place."""
+        what = repr(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else "the replay file"
+        if safe_io.is_zip_file(path):
+            arrays, meta = safe_io.load_npz(path, what)
+            buffer = replay_from_state(arrays, meta, what)
+        elif not trust_pickled_code:
+            raise safe_io.UnsafeFileError(f"{what} is a pickled replay buffer. {safe_io.TRUST_HINT}")
+        else:
+            buffer = load_from_pkl(path, self.verbose)
+        if not isinstance(buffer, ReplayBuffer):
+            raise ValueError(f"{what} does not hold a replay buffer (found {type(buffer).__name__}).")
+        self._check_replay_buffer(buffer)
+        self.replay_buffer = buffer
 
     def _check_replay_buffer(self, buffer: ReplayBuffer) -> None:
         """Raise if ``buffer`` was not written by this agent with these spaces and n_envs."""
@@ -371,49 +448,106 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         path: Any,
         env: Any = None,
         device: str = "auto",
-        custom_objects=None,
-        print_system_info=False,
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
         force_reset: bool = True,
+        trust_pickled_code: bool = False,
         **kwargs: Any,
     ):
+        """Load a model saved by :meth:`save` without unpickling anything: attributes are JSON and
+        the weights are read with ``torch.load(weights_only=True)``.
+
+        :param custom_objects: values to use instead of the stored ones (SB3's meaning); they also
+            stand in for attributes that were saved pickled.
+        :param trust_pickled_code: read pickled attributes (checkpoints of format 1, or ones saved with
+            custom Python objects). Unpickling runs code stored in the file: only for files you trust.
+        :param kwargs: attributes to set after loading (SB3's meaning).
+        """
+        what = repr(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else "the checkpoint"
         try:
-            data, params, _ = load_from_zip_file(
-                path, device="cpu", custom_objects=custom_objects, print_system_info=print_system_info
-            )
-        except Exception as error:
-            raise ValueError(f"Could not read {path!r} as an SB3 checkpoint (zip): {error}") from error
-        if data is None:
-            raise ValueError(f"{path!r} holds no SB3 model data.")
-        saved = data.get("algorithm_name")
+            members = safe_io.read_zip(path)
+        except (OSError, zipfile.BadZipFile, ValueError) as error:
+            raise ValueError(f"Could not read {what} as an SB3 checkpoint (zip): {error}") from error
+        if "data" not in members:
+            raise ValueError(f"{what} holds no SB3 model data (no 'data' part in the zip).")
+        header = _checkpoint_header(members["data"], what)
+        saved = header.get("algorithm_name")
         if saved != cls.__name__:
-            if saved is None:
-                policy = data.get("policy_class")
-                origin = getattr(policy, "__module__", "?") + "." + getattr(policy, "__name__", str(policy))
-                saved = f"another algorithm (policy class {origin})"
+            if not isinstance(saved, str):
+                saved = f"another algorithm ({_stored_policy_name(header)})"
             raise ValueError(
-                f"{path!r} was saved by {saved}, not by {cls.__name__}: "
+                f"{what} was saved by {saved}, not by {cls.__name__}: "
                 "load it with the algorithm that saved it."
             )
-        if "policy" not in (params or {}):
+        if "policy.pth" not in members:
             raise ValueError(
-                f"{path!r} has no policy weights (policy.pth is missing from the zip): the file is "
+                f"{what} has no policy weights (policy.pth is missing from the zip): the file is "
                 "incomplete or was not written by save()."
             )
-        version = data.get("format_version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
+        version = header.get("format_version")
+        if isinstance(version, bool) or not isinstance(version, int) or version > FORMAT_VERSION:
             raise ValueError(
-                f"{path!r} has checkpoint format {version!r}; this sb3_worldmodels reads format "
+                f"{what} has checkpoint format {version!r}; this sb3_worldmodels reads format "
                 f"{FORMAT_VERSION} and older: upgrade sb3_worldmodels to load it."
             )
-        return super().load(
-            path,
-            env=env,
-            device="cpu",
-            custom_objects=custom_objects,
-            print_system_info=print_system_info,
-            force_reset=force_reset,
-            **kwargs,
+        if print_system_info:
+            print("== SAVED MODEL SYSTEM INFO ==")
+            print(members.get("system_info.txt", b"(none)").decode(errors="replace"))
+        data = safe_io.decode_attributes(
+            members["data"].decode(errors="replace"), what, custom_objects, trust_pickled_code
         )
+        params = {"policy": safe_io.load_tensors(members["policy.pth"], f"{what} (policy.pth)")}
+        return cls._from_checkpoint(data, params, env, device, force_reset, kwargs)
+
+    @classmethod
+    def _from_checkpoint(
+        cls,
+        data: dict[str, Any],
+        params: dict[str, Any],
+        env: Any,
+        device: str,
+        force_reset: bool,
+        kwargs: dict,
+    ):
+        """SB3's ``BaseAlgorithm.load`` from the decoded attributes and tensors."""
+        data.pop("policy_class", None)
+        data.pop("lr_schedule", None)
+        if "policy_kwargs" in kwargs and kwargs["policy_kwargs"] != data.get("policy_kwargs"):
+            raise ValueError(
+                "The specified policy kwargs do not equal the stored policy kwargs. Stored kwargs: "
+                f"{data.get('policy_kwargs')}, specified kwargs: {kwargs['policy_kwargs']}"
+            )
+        if "observation_space" not in data or "action_space" not in data:
+            raise ValueError("The checkpoint has no observation_space/action_space: it is incomplete.")
+        if env is not None:
+            env = cls._wrap_env(env, data.get("verbose", 0))
+            check_for_correct_spaces(env, data["observation_space"], data["action_space"])
+            if force_reset:
+                data["_last_obs"] = None
+            data["n_envs"] = env.num_envs
+        model = cls(policy=JaxPolicy, env=env, device=device, _init_setup_model=False)  # type: ignore[call-arg]
+        model.__dict__.update(data)
+        model.__dict__.update(kwargs)
+        model._setup_model()
+        model.set_parameters(params, exact_match=True, device=device)
+        return model
+
+    def set_parameters(self, load_path_or_dict: Any, exact_match: bool = True, device: str = "auto") -> None:
+        """SB3's ``set_parameters``; a checkpoint path is read without unpickling (only its weights)."""
+        if isinstance(load_path_or_dict, dict):
+            return super().set_parameters(load_path_or_dict, exact_match=exact_match, device=device)
+        is_path = isinstance(load_path_or_dict, (str, os.PathLike))
+        what = repr(os.fspath(load_path_or_dict)) if is_path else "the file"
+        try:
+            members = safe_io.read_zip(load_path_or_dict)
+        except (OSError, zipfile.BadZipFile, ValueError) as error:
+            raise ValueError(f"Could not read {what} as an SB3 checkpoint (zip): {error}") from error
+        params = {
+            name[: -len(".pth")]: safe_io.load_tensors(blob, f"{what} ({name})")
+            for name, blob in members.items()
+            if name.endswith(".pth") and name != "pytorch_variables.pth"
+        }
+        return super().set_parameters(params, exact_match=exact_match, device=device)
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         return ["policy"], []

@@ -27,7 +27,7 @@ import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 
-from sb3_worldmodels.common.replay import FieldSpec, _normalize_fields
+from sb3_worldmodels.common.replay import FieldSpec, _normalize_fields, fields_to_meta, read_fields
 
 
 class EpisodeReplay(ReplayBuffer):
@@ -38,7 +38,7 @@ class EpisodeReplay(ReplayBuffer):
     :param fields: ``name -> (shape, dtype)`` of one entry; must include "obs".
     :param window: entries per sampled item (H + 1).
     :param include_last_window: also draw the window that ends on an episode's final entry.
-    :param seed: seed of the buffer's own ``np.random.Generator`` (pickled with the buffer).
+    :param seed: seed of the buffer's own ``np.random.Generator`` (saved with the buffer).
     """
 
     def __init__(
@@ -73,6 +73,7 @@ class EpisodeReplay(ReplayBuffer):
         self._episodes: deque[tuple[int, int]] = deque()  # (absolute first entry, steps L), oldest first
         self._stored_steps = 0
         self._open: list[list[dict[str, np.ndarray]]] = [[] for _ in range(n_envs)]
+        self._finished: list[list[dict[str, np.ndarray]]] = []
         self.reserve(capacity_steps)
 
     # ------------------------------------------------------------------ sizes
@@ -150,11 +151,11 @@ class EpisodeReplay(ReplayBuffer):
         """End the running episode of ``env`` without storing it yet: :meth:`store_finished` stores it.
         (The reference's loop adds a finished episode to its buffer at the start of the next step.)"""
         entries, self._open[env] = self._open[env], []
-        self._finished = [*getattr(self, "_finished", []), entries]
+        self._finished.append(entries)
 
     def store_finished(self) -> int:
         """Store the episodes ended by :meth:`finish_episode`, in order; returns how many were stored."""
-        finished, self._finished = getattr(self, "_finished", []), []
+        finished, self._finished = self._finished, []
         return sum(self._store(entries) for entries in finished)
 
     def _store(self, entries: list[dict[str, np.ndarray]]) -> bool:
@@ -189,6 +190,73 @@ class EpisodeReplay(ReplayBuffer):
     def discard_running(self) -> None:
         """Forget every env's running episode (e.g. on a new ``learn`` with fresh envs)."""
         self._open = [[] for _ in range(self.n_envs)]
+
+    # ------------------------------------------------------------------ save/load
+    def export_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """``(arrays, meta)``: the stored entries, the running and finished-but-unstored episodes, and
+        everything else as safe values (see ``replay_state``)."""
+        meta = {
+            "class": "EpisodeReplay",
+            "init": {
+                "capacity_steps": self.capacity_steps,
+                "observation_space": self.observation_space,
+                "action_space": self.action_space,
+                "n_envs": self.n_envs,
+                "fields": fields_to_meta(self.fields),
+                "window": self.window,
+                "include_last_window": self.include_last_window,
+                "seed": self.seed,
+            },
+            "slots": self._slots,
+            "end": self._end,
+            "running": [len(entries) for entries in self._open],
+            "finished": [len(entries) for entries in self._finished],
+            "rng": self.rng,
+        }
+        arrays = {"episodes": np.asarray(list(self._episodes), dtype=np.int64).reshape(-1, 2)}
+        for name, arr in (self._data or {}).items():
+            arrays[f"field/{name}"] = arr
+        for group, episodes in (("running", self._open), ("finished", self._finished)):
+            for i, entries in enumerate(episodes):
+                for name, (shape, dtype) in self.fields.items():
+                    empty = np.zeros((0, *shape), dtype)
+                    arrays[f"{group}/{i}/{name}"] = np.stack([e[name] for e in entries]) if entries else empty
+        return arrays, meta
+
+    def import_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        """Fill a freshly built buffer from :meth:`export_state`'s output; ValueError if inconsistent."""
+        slots, end = int(meta["slots"]), int(meta["end"])
+        episodes = np.asarray(arrays["episodes"])
+        if episodes.ndim != 2 or episodes.shape[1] != 2 or episodes.dtype.kind not in "iu":
+            raise ValueError(f"episode table of shape {episodes.shape}")
+        if slots not in (0, self._capacity_entries) or end < 0:
+            raise ValueError(f"{slots} slots do not fit a capacity of {self.capacity_steps} steps")
+        stored = int(episodes[:, 1].sum()) if len(episodes) else 0
+        if len(episodes) and (
+            episodes[:, 1].min() < self.min_steps
+            or stored > self.capacity_steps
+            or episodes[0, 0] < end - slots
+            or episodes[-1, 0] + episodes[-1, 1] + 1 != end
+        ):
+            raise ValueError("the episode table does not fit the stored entries")
+        running = [int(n) for n in meta["running"]]
+        if len(running) != self.n_envs:
+            raise ValueError(f"{len(running)} running episodes for {self.n_envs} envs")
+        self._data = read_fields(arrays, self.fields, (slots,)) if slots else None
+        self._slots, self._end = slots, end
+        self._episodes = deque(map(tuple, episodes.astype(np.int64).tolist()))
+        self._stored_steps = stored
+        self._open = [self._read_entries(arrays, f"running/{i}/", n) for i, n in enumerate(running)]
+        self._finished = [
+            self._read_entries(arrays, f"finished/{i}/", int(n)) for i, n in enumerate(meta["finished"])
+        ]
+        self.rng = meta["rng"]
+
+    def _read_entries(
+        self, arrays: Mapping[str, np.ndarray], prefix: str, n: int
+    ) -> list[dict[str, np.ndarray]]:
+        stacked = read_fields(arrays, self.fields, (n,), prefix=prefix)
+        return [{name: stacked[name][k] for name in self.fields} for k in range(n)]
 
     # ------------------------------------------------------------------ sampling
     def sample(self, batch_size: int, count: int | None = None, env: Any = None) -> dict[str, np.ndarray]:

@@ -13,8 +13,9 @@ Rows are addressed by their *absolute* stream index (0 = first row ever added to
 has wrapped, so growing it copies slots in order; at the capacity the ring overwrites the oldest
 row of that env (FIFO eviction per env).
 
-The buffer holds numpy arrays only and is pickled whole by SB3's ``save_replay_buffer``; it
-subclasses ``ReplayBuffer`` so that ``load_replay_buffer``'s isinstance check passes, but it never
+The buffer holds numpy arrays only; :meth:`SequenceReplay.export_state` gives them with JSON-ready
+metadata for a pickle-free file (``replay_state``). It subclasses ``ReplayBuffer`` so that
+``load_replay_buffer``'s isinstance check passes, but it never
 stores SB3 transitions and SB3 never samples it.
 """
 
@@ -53,6 +54,34 @@ def _normalize_fields(fields: Mapping[str, tuple[Any, Any]]) -> dict[str, FieldS
     return out
 
 
+def fields_to_meta(fields: Mapping[str, FieldSpec]) -> dict[str, Any]:
+    """Field specs as safe values: ``{name: {"shape": [...], "dtype": "<f4"}}``."""
+    return {name: {"shape": list(shape), "dtype": dtype.str} for name, (shape, dtype) in fields.items()}
+
+
+def fields_from_meta(meta: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    return {name: (tuple(spec["shape"]), np.dtype(str(spec["dtype"]))) for name, spec in meta.items()}
+
+
+def read_fields(
+    arrays: Mapping[str, np.ndarray],
+    fields: Mapping[str, FieldSpec],
+    lead: tuple[int, ...],
+    prefix: str = "field/",
+) -> dict[str, np.ndarray]:
+    """``arrays[prefix + name]`` for every field, checked to be ``(*lead, *shape)`` of its dtype."""
+    out = {}
+    for name, (shape, dtype) in fields.items():
+        key = prefix + name
+        if key not in arrays:
+            raise ValueError(f"the array {key!r} is missing")
+        arr = np.asarray(arrays[key])
+        if arr.shape != (*lead, *shape) or arr.dtype != dtype:
+            raise ValueError(f"{key!r} is {arr.shape} {arr.dtype}, expected {(*lead, *shape)} {dtype}")
+        out[name] = np.array(arr)
+    return out
+
+
 class SequenceReplay(ReplayBuffer):
     """Per-env ring of rows; samples windows of ``window`` consecutive rows (DreamerV3 spec §12).
 
@@ -64,7 +93,7 @@ class SequenceReplay(ReplayBuffer):
     :param fields: ``name -> (shape, dtype)`` of one row, e.g. ``{"obs": ((O,), np.float32),
         "action": ((A,), np.float32), "reward": ((), np.float32), "is_first": ((), bool), ...}``.
     :param window: rows per sampled item (T + 1 for DreamerV3: one context row, §11).
-    :param seed: seed of the buffer's own ``np.random.Generator`` (pickled with the buffer).
+    :param seed: seed of the buffer's own ``np.random.Generator`` (saved with the buffer).
     :param online: keep the reference's online queue of fresh, non-overlapping windows, which
         ``sample`` serves before uniform draws.
     """
@@ -362,6 +391,51 @@ class SequenceReplay(ReplayBuffer):
         if self._data is None:
             return {name: np.zeros((0, *shape), dtype) for name, (shape, dtype) in self.fields.items()}
         return {name: arr[rows % self._allocated, env] for name, arr in self._data.items()}
+
+    # ------------------------------------------------------------ save/load
+
+    def export_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """``(arrays, meta)``: the stored rows and everything else as safe values (see ``replay_state``)."""
+        meta = {
+            "class": "SequenceReplay",
+            "init": {
+                "buffer_size": self.capacity_per_env * self.n_envs,
+                "observation_space": self.observation_space,
+                "action_space": self.action_space,
+                "n_envs": self.n_envs,
+                "fields": fields_to_meta(self.fields),
+                "window": self.window,
+                "seed": self.seed,
+                "online": self.online,
+            },
+            "allocated": self._allocated,
+            "rng": self.rng,
+        }
+        arrays = {"total": self._total.copy(), "queue": self.online_queue}
+        for name, arr in (self._data or {}).items():
+            arrays[f"field/{name}"] = arr
+        return arrays, meta
+
+    def import_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        """Fill a freshly built buffer from :meth:`export_state`'s output; ValueError if inconsistent."""
+        allocated = int(meta["allocated"])
+        total = np.asarray(arrays["total"])
+        queue = np.asarray(arrays["queue"])
+        if not 0 <= allocated <= self.capacity_per_env:
+            raise ValueError(f"allocated rows {allocated} outside [0, {self.capacity_per_env}]")
+        if total.shape != (self.n_envs,) or total.dtype.kind not in "iu" or total.min(initial=0) < 0:
+            raise ValueError(f"row counters of shape {total.shape} {total.dtype}")
+        if allocated < self.capacity_per_env and total.max(initial=0) > allocated:
+            raise ValueError("row counters exceed the stored rows")
+        if queue.ndim != 2 or queue.shape[1] != 2 or queue.dtype.kind not in "iu":
+            raise ValueError(f"online queue of shape {queue.shape}")
+        if queue.size and (queue[:, 0].min() < 0 or queue[:, 0].max() >= self.n_envs):
+            raise ValueError("online queue names an env that does not exist")
+        self._data = read_fields(arrays, self.fields, (allocated, self.n_envs)) if allocated else None
+        self._allocated = allocated
+        self._total = total.astype(np.int64)
+        self._queue = deque(map(tuple, queue.astype(np.int64).tolist()))
+        self.rng = meta["rng"]
 
     def reset(self) -> None:
         """Drop every row and the online queue; keep the allocation and the generator."""
