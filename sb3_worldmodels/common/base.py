@@ -45,13 +45,28 @@ from stable_baselines3.her.her_replay_buffer import HerReplayBuffer
 
 from sb3_worldmodels.blocks.random import fold_in_rows
 from sb3_worldmodels.common import safe_io
-from sb3_worldmodels.common.boundary import ActionAdapter, ObservationAdapter
+from sb3_worldmodels.common.boundary import ActionAdapter, ObservationAdapter, check_rewards
 from sb3_worldmodels.common.callbacks import WorldModelCallback
 from sb3_worldmodels.common.envs import ActionRepeat, vec_env_from_gymnasium
 from sb3_worldmodels.common.policy import JaxPolicy
 from sb3_worldmodels.common.replay_state import replay_from_state
 
 FORMAT_VERSION = 2  # 2: attributes as JSON (safe_io); 1: attributes pickled by SB3
+
+
+class NonFiniteUpdateError(FloatingPointError):
+    """An update produced NaN or inf; the model keeps its parameters from before it."""
+
+
+STATE_FIX = "pass back the state that predict returned, or None (with episode_start) to start afresh."
+
+
+def refuse_non_finite_actions(actions: np.ndarray, where: str) -> None:
+    if not np.all(np.isfinite(actions)):
+        raise NonFiniteUpdateError(
+            f"The agent produced a non-finite action{where}; it was not sent to the env. Its parameters "
+            "or carried state hold NaN or inf (e.g. set by set_parameters); load a good checkpoint."
+        )
 
 
 def _checkpoint_header(blob: bytes, what: str) -> dict[str, Any]:
@@ -180,6 +195,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
     agent_name = "world model agent"
     allow_discrete = True
     default_n_envs = 1
+    nan_allowed_metrics: tuple[str, ...] = ()  # metric prefixes that are NaN by design (not guarded)
 
     def __init__(
         self,
@@ -611,8 +627,12 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         continue_training = True
         while should_collect_more_steps(train_freq, num_collected_steps, num_collected_episodes):
             buffer_actions = self._collect_act(self._last_obs, learning_starts)
+            refuse_non_finite_actions(buffer_actions, f" at step {self.num_timesteps}")
             actions = self.action_adapter.to_env(buffer_actions)
             new_obs, rewards, dones, infos = env.step(actions)
+            where = f" at step {self.num_timesteps} (num_timesteps, before this step)"
+            check_rewards(rewards, where)
+            self.obs_adapter.flatten(new_obs, where)
             self.num_timesteps += self._rows_in_step(dones)
             num_collected_steps += 1
             callback.update_locals(locals())
@@ -727,9 +747,13 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         agent_state = self._with_learning_rate(state["agent"], lr)
         all_metrics = []
         for k in chunks:
-            agent_state, metrics = self._train_chunk(agent_state, k)
-            all_metrics.append(jax.device_get(metrics))
-        self.policy.state = {**state, "agent": agent_state}
+            new_agent_state, metrics, commit = self._train_chunk(agent_state, k)
+            metrics = jax.device_get(metrics)
+            self._refuse_non_finite_update(metrics, done=sum(len(m[next(iter(m))]) for m in all_metrics))
+            agent_state = new_agent_state
+            commit()
+            self.policy.state = {**state, "agent": agent_state}
+            all_metrics.append(metrics)
         self._n_updates += owed
         # Each call returns every update's metrics with a leading K: one row per update owed.
         stacked = {key: np.concatenate([m[key] for m in all_metrics]) for key in all_metrics[0]}
@@ -741,6 +765,28 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         self.logger.record("train/learning_rate", lr)
         self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)
         self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)
+
+    def _refuse_non_finite_update(self, metrics: dict[str, np.ndarray], done: int) -> None:
+        """Raise NonFiniteUpdateError when any update of a chunk has a non-finite metric (every loss
+        term, gradient and update norm is one), before its state or side effects are kept."""
+        bad = [
+            key
+            for key, values in metrics.items()
+            if not key.startswith(self.nan_allowed_metrics) and not np.all(np.isfinite(values))
+        ]
+        if not bad:
+            return
+        first = min(int(np.argmax(~np.isfinite(metrics[key]))) for key in bad)
+        terms = [key for key in bad if not np.isfinite(metrics[key][first])]
+        shown = ", ".join(f"{key} = {float(metrics[key][first])}" for key in terms[:6])
+        shown += ", ..." if len(terms) > 6 else ""
+        kept = self._n_updates + done
+        raise NonFiniteUpdateError(
+            f"Update {kept + first + 1} produced non-finite values ({shown}). "
+            f"Training stopped; the parameters are kept as they were after update {kept} (the updates of "
+            f"this jitted call are discarded). Common causes: a learning rate too high, or rewards and "
+            "observations of extreme magnitude; the model can be saved or trained again as it is."
+        )
 
     def _take_owed_updates(self) -> int:
         """The number of updates to run now (and forget them), 0 while training cannot start."""
@@ -755,8 +801,9 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         """``agent_state`` with the optimiser's learning rate set to ``lr``."""
         raise NotImplementedError
 
-    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict]:
-        """Sample k batches and run k updates in one jitted call: (new state, metrics with a leading k)."""
+    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict, Callable[[], None]]:
+        """Sample k batches and run k updates in one jitted call: (new state, metrics with a leading k,
+        a function that applies the call's side effects once its metrics are known to be finite)."""
         raise NotImplementedError
 
     def _log_post_update(self, metrics: dict[str, float]) -> None:

@@ -8,6 +8,7 @@ that crosses the boundary is checked here, once, with errors that name the probl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -82,8 +83,9 @@ class ObservationAdapter:
             return np.asarray(obs[key]).ndim > len(self.space.spaces[key].shape)
         return np.asarray(obs).ndim > len(self.space.shape)
 
-    def flatten(self, obs) -> np.ndarray:
-        """(n, *shape) or dict of those -> (n, dim) float32; raises on NaN or inf."""
+    def flatten(self, obs, where: str = "") -> np.ndarray:
+        """(n, *shape) or dict of those -> (n, dim) float32; raises on NaN or inf (``where`` is added
+        to that message, e.g. " at step 120")."""
         if isinstance(self.space, spaces.Dict):
             if not isinstance(obs, dict):
                 raise TypeError(
@@ -105,10 +107,31 @@ class ObservationAdapter:
         if not np.all(np.isfinite(flat)):
             bad = np.argwhere(~np.isfinite(flat))[0]
             raise ValueError(
-                f"Non-finite observation (NaN or inf) at env {bad[0]}, index {bad[1]}: the world model "
-                "cannot train on it. Check the environment (or wrap it to clip/replace invalid values)."
+                f"Non-finite observation (NaN or inf) from env {bad[0]}, index {bad[1]}{where}: the world "
+                "model cannot train on it. Check the environment (or wrap it to clip/replace invalid values)."
             )
         return flat
+
+
+def check_rewards(rewards: Any, where: str = "") -> None:
+    """Raise ValueError naming the env when a reward is NaN or infinite."""
+    rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
+    bad = np.flatnonzero(~np.isfinite(rewards))
+    if bad.size:
+        raise ValueError(
+            f"Non-finite reward {rewards[bad[0]]} from env {bad[0]}{where}: the world model would learn it "
+            "and every parameter would turn NaN. Fix the env's reward (e.g. a division by zero), or wrap "
+            "the env to clip or replace invalid rewards."
+        )
+
+
+def check_finite_arrays(arrays: dict[str, np.ndarray], what: str, fix: str) -> None:
+    """Raise ValueError naming the first array (and index) that holds NaN or inf."""
+    for name, array in arrays.items():
+        array = np.asarray(array)
+        if array.dtype.kind in "fc" and not np.all(np.isfinite(array)):
+            index = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
+            raise ValueError(f"{what} holds a non-finite value (NaN or inf) in {name} at {index}: {fix}")
 
 
 @dataclass(frozen=True)

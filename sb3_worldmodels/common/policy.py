@@ -17,6 +17,8 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.policies import BasePolicy
 
+from sb3_worldmodels.common.boundary import check_finite_arrays
+
 PREFIX = "state/"
 
 
@@ -98,5 +100,10 @@ class JaxPolicy(BasePolicy):
                     "sb3_worldmodels agent."
                 )
             flat[key[len(PREFIX) :]] = value.detach().cpu().numpy() if isinstance(value, th.Tensor) else value
+        check_finite_arrays(
+            flat,
+            "The checkpoint or parameter dict",
+            "a model with NaN or inf weights acts and trains on NaN. Load an earlier checkpoint.",
+        )
         self.state = restore_state(self.state, flat, type(self).__name__)
         return th.nn.modules.module._IncompatibleKeys([], [])

@@ -10,7 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels.blocks.optim import with_learning_rate
-from sb3_worldmodels.common.base import WorldModelAlgorithm, pad_rows, padded_rows
+from sb3_worldmodels.common.base import (
+    STATE_FIX,
+    WorldModelAlgorithm,
+    pad_rows,
+    padded_rows,
+    refuse_non_finite_actions,
+)
+from sb3_worldmodels.common.boundary import check_finite_arrays
 from sb3_worldmodels.common.replay import SequenceReplay
 from sb3_worldmodels.common.schedule import RatioSchedule
 from sb3_worldmodels.dreamerv3 import agent as core
@@ -63,6 +70,7 @@ class DreamerV3(WorldModelAlgorithm):
     agent_name = "DreamerV3"
     allow_discrete = True
     default_n_envs = 16
+    nan_allowed_metrics = ("constats/", "rewstats/")  # NaN when a batch has no rare row (reference too)
 
     def __init__(
         self,
@@ -418,8 +426,11 @@ class DreamerV3(WorldModelAlgorithm):
         batch, envs, starts = self.replay_buffer.sample(self._config.batch_size, count=k)
         batch = {name: jnp.asarray(value) for name, value in batch.items()}
         agent_state, metrics, latents = core.train_many_jit(self._config, agent_state, batch)
-        self.replay_buffer.write_back(envs, starts, jax.device_get(latents))
-        return agent_state, metrics
+
+        def write_back() -> None:  # only once the metrics are finite: no NaN latent reaches the replay
+            self.replay_buffer.write_back(envs, starts, jax.device_get(latents))
+
+        return agent_state, metrics, write_back
 
     # ------------------------------------------------------------------ predict
     def predict(
@@ -457,6 +468,9 @@ class DreamerV3(WorldModelAlgorithm):
                     f"shapes {expected} for {n} observations; got {shapes or type(state).__name__}."
                 )
             carry = [np.asarray(s, np.float32) for s in state]
+            check_finite_arrays(
+                dict(zip(("deter", "stoch", "action"), carry, strict=True)), "state", STATE_FIX
+            )
             starts = np.zeros(n, bool) if given_starts is None else given_starts
         key = jax.random.fold_in(self.policy.state["predict_key"], self._predict_calls)
         self._predict_calls += 1
@@ -470,7 +484,9 @@ class DreamerV3(WorldModelAlgorithm):
             key,
             deterministic=bool(deterministic),
         )
-        env_action = self.action_adapter.to_env(np.asarray(action)[:n])
+        action = np.asarray(action)[:n]
+        refuse_non_finite_actions(action, " in predict")
+        env_action = self.action_adapter.to_env(action)
         new_state = tuple(np.asarray(x)[:n] for x in carry)
         if not vectorized:
             env_action = np.asarray(env_action[0])  # SB3 gives a 0-d array for one Discrete action

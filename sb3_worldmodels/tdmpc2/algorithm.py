@@ -10,7 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels.blocks.jit import agent_jit
-from sb3_worldmodels.common.base import WorldModelAlgorithm, pad_rows, padded_rows
+from sb3_worldmodels.common.base import (
+    STATE_FIX,
+    WorldModelAlgorithm,
+    pad_rows,
+    padded_rows,
+    refuse_non_finite_actions,
+)
+from sb3_worldmodels.common.boundary import check_finite_arrays
 from sb3_worldmodels.common.envs import vec_agent_steps_per_episode
 from sb3_worldmodels.common.episode_replay import EpisodeReplay
 from sb3_worldmodels.tdmpc2 import agent as core
@@ -401,7 +408,8 @@ class TDMPC2(WorldModelAlgorithm):
             "reward": jnp.asarray(batch["reward"][:, 1:]),
             "terminated": jnp.asarray(batch["terminated"][:, 1:]),
         }
-        return train_many_jit(self._config, agent_state, batch)
+        agent_state, metrics = train_many_jit(self._config, agent_state, batch)
+        return agent_state, metrics, _nothing
 
     # ------------------------------------------------------------------ predict
     def predict(
@@ -435,6 +443,7 @@ class TDMPC2(WorldModelAlgorithm):
                     f"(one plan per observation); got {shapes}."
                 )
             prev = np.asarray(state[0], np.float32)
+            check_finite_arrays({"plan": prev}, "state", STATE_FIX)
             first = np.zeros(n, bool) if starts is None else starts
         used_plan = np.where(first[:, None, None], 0.0, prev)  # a restart ignores the plan
         keys = self._predict_keys(bool(deterministic), obs, used_plan, first)
@@ -449,6 +458,7 @@ class TDMPC2(WorldModelAlgorithm):
             eval_mode=bool(deterministic),
         )
         action, mean = np.asarray(action)[:n], np.asarray(mean)[:n]
+        refuse_non_finite_actions(action, " in predict")
         env_action = self.action_adapter.to_env(action)
         if not vectorized:
             env_action = env_action[0]
@@ -482,6 +492,10 @@ class TDMPC2(WorldModelAlgorithm):
             actions = self.action_adapter.from_env(actions.reshape(-1, dim)).reshape(actions.shape)
         out = predict_rollout_jit(self._config, self.policy.state["agent"].params, jnp.asarray(obs), actions)
         return {k: (np.asarray(v) if vectorized else np.asarray(v)[0]) for k, v in out.items()}
+
+
+def _nothing() -> None:
+    """A training call with no side effect to apply."""
 
 
 def _batched(observation: Any) -> Any:
