@@ -27,7 +27,7 @@ import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 
-from sb3_worldmodels.common.replay import FieldSpec, _normalize_fields, fields_to_meta, read_fields
+from sb3_worldmodels.common.replay import FieldSpec, _normalize_fields, fields_to_meta, read_fields, row_bytes
 
 
 class EpisodeReplay(ReplayBuffer):
@@ -104,6 +104,11 @@ class EpisodeReplay(ReplayBuffer):
 
     def _valid_starts(self, steps: int) -> int:
         return max(0, steps + 1 - self.window + (1 if self.include_last_window else 0))
+
+    def bytes_to_reserve(self, capacity_steps: int) -> int:
+        """Bytes the entry ring holds once ``capacity_steps`` steps are stored (it is allocated whole)."""
+        steps = max(self.capacity_steps, int(capacity_steps))
+        return (steps + math.ceil(steps / self.min_steps) + 1) * row_bytes(self.fields)
 
     def reserve(self, capacity_steps: int) -> None:
         """Raise the capacity to ``capacity_steps`` agent steps (never lowers it); the ring grows

@@ -22,6 +22,7 @@ stores SB3 transitions and SB3 never samples it.
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -52,6 +53,45 @@ def _normalize_fields(fields: Mapping[str, tuple[Any, Any]]) -> dict[str, FieldS
             raise ValueError(f"Field {name!r} has a negative dimension in shape {shape}.")
         out[name] = (shape, dtype)
     return out
+
+
+def row_bytes(fields: Mapping[str, FieldSpec]) -> int:
+    """Bytes of one row (or entry) holding every field."""
+    return int(sum(math.prod(shape) * dtype.itemsize for shape, dtype in fields.values()))
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system can still give (``MemAvailable``), None where unknown."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_replay_memory(needed: int, held: int, setting: str, agent: str) -> None:
+    """Refuse a replay allocation of ``needed`` bytes (``held`` already allocated) that the memory
+    available cannot hold, and warn above half of it; the messages name the setting that sizes it."""
+    extra = needed - held
+    available = available_memory()
+    if available is None or extra <= 0:
+        return
+    figure = f"{needed / 2**30:.2f} GiB for the replay ({agent})"
+    if extra > available:
+        raise MemoryError(
+            f"{figure} does not fit the {available / 2**30:.2f} GiB of memory available: lower {setting} "
+            "(the most rows the replay keeps) or train for fewer steps (the replay holds at most the "
+            "rows a run writes)."
+        )
+    if extra > available / 2:
+        warnings.warn(
+            f"{figure} takes more than half of the {available / 2**30:.2f} GiB of memory available; "
+            f"lower {setting} if the machine runs short.",
+            stacklevel=4,
+        )
 
 
 def fields_to_meta(fields: Mapping[str, FieldSpec]) -> dict[str, Any]:
@@ -187,6 +227,16 @@ class SequenceReplay(ReplayBuffer):
         return self._total - self.rows_per_env
 
     # ------------------------------------------------------------ allocation
+
+    @property
+    def bytes_per_row(self) -> int:
+        """Bytes of one row over all fields."""
+        return row_bytes(self.fields)
+
+    def bytes_to_reserve(self, rows_per_env: int) -> int:
+        """Bytes the arrays would hold after ``reserve(rows_per_env)``."""
+        rows = max(self._allocated, min(self.capacity_per_env, int(rows_per_env)))
+        return rows * self.n_envs * self.bytes_per_row
 
     def reserve(self, rows_per_env: int) -> None:
         """Allocate (or grow, keeping contents) to ``min(capacity_per_env, rows_per_env)`` rows per env."""

@@ -18,7 +18,7 @@ from sb3_worldmodels.common.base import (
     refuse_non_finite_actions,
 )
 from sb3_worldmodels.common.boundary import check_finite_arrays
-from sb3_worldmodels.common.replay import SequenceReplay
+from sb3_worldmodels.common.replay import SequenceReplay, check_replay_memory
 from sb3_worldmodels.common.schedule import RatioSchedule
 from sb3_worldmodels.dreamerv3 import agent as core
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config, preset
@@ -276,30 +276,32 @@ class DreamerV3(WorldModelAlgorithm):
     def _setup_learn(
         self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run", progress_bar=False
     ):
+        # Checked before SB3's set-up, so that a refused learn() changes nothing. Rows this run can
+        # still write per env: its share of the new rows, plus one reset row per episode at most (an
+        # episode has at least one step) and a vector step of slack.
+        replay = self.replay_buffer if self.replay_buffer is not None else self._new_replay()
+        rows = replay.rows_per_env.max(initial=0) + math.ceil(max(0, total_timesteps) / self.n_envs) + 2
+        check_replay_memory(replay.bytes_to_reserve(rows), replay.nbytes, "replay_capacity", self.agent_name)
         total, callback = super()._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
-        cfg = self._config
-        if self.replay_buffer is None:
-            self.replay_buffer = SequenceReplay(
-                self.replay_capacity,
-                self.observation_space,
-                self.action_space,
-                n_envs=self.n_envs,
-                fields=self._replay_fields(),
-                window=cfg.batch_length + 1,
-                seed=0 if self.seed is None else int(self.seed),
-            )
-        # Rows this run can still write per env: its share of the remaining rows, plus one reset row
-        # per episode at most (an episode has at least one step) and a vector step of slack.
-        remaining = max(0, total - self.num_timesteps)
-        self.replay_buffer.reserve(
-            self.replay_buffer.rows_per_env.max(initial=0) + math.ceil(remaining / self.n_envs) + 2
-        )
+        replay.reserve(rows)
+        self.replay_buffer = replay
         if reset_num_timesteps:
             self._rollout = None
             self._reset_schedule()
         return total, callback
+
+    def _new_replay(self) -> SequenceReplay:
+        return SequenceReplay(
+            self.replay_capacity,
+            self.observation_space,
+            self.action_space,
+            n_envs=self.n_envs,
+            fields=self._replay_fields(),
+            window=self._config.batch_length + 1,
+            seed=0 if self.seed is None else int(self.seed),
+        )
 
     # ------------------------------------------------------------------ collection
     def _new_rollout(self, n: int) -> _RolloutState:

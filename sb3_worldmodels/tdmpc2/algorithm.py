@@ -20,6 +20,7 @@ from sb3_worldmodels.common.base import (
 from sb3_worldmodels.common.boundary import check_finite_arrays
 from sb3_worldmodels.common.envs import vec_agent_steps_per_episode
 from sb3_worldmodels.common.episode_replay import EpisodeReplay
+from sb3_worldmodels.common.replay import check_replay_memory
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2.config import (
     TDMPC2Config,
@@ -261,29 +262,34 @@ class TDMPC2(WorldModelAlgorithm):
     def _setup_learn(
         self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run", progress_bar=False
     ):
+        # The replay is sized and checked before SB3's set-up, so that a refused learn() changes nothing.
+        total = total_timesteps + (0 if reset_num_timesteps else self.num_timesteps)
+        capacity = max(min(int(self.buffer_size), int(total)), self._config.horizon + 1)
+        replay = self.replay_buffer if self.replay_buffer is not None else self._new_replay(capacity)
+        check_replay_memory(replay.bytes_to_reserve(capacity), replay.nbytes, "buffer_size", self.agent_name)
         last_obs = self._last_obs
         total, callback = super()._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
         if self._last_obs is not last_obs:  # the envs were reset: every env starts a new episode
             self._rollout = None
-        capacity = max(min(int(self.buffer_size), int(total)), self._config.horizon + 1)
-        if self.replay_buffer is None:
-            self.replay_buffer = EpisodeReplay(
-                capacity,
-                self.observation_space,
-                self.action_space,
-                n_envs=self.n_envs,
-                fields=self._replay_fields(),
-                window=self._config.horizon + 1,
-                include_last_window=self._config.episodic,
-                seed=0 if self.seed is None else int(self.seed),
-            )
-        else:
-            self.replay_buffer.reserve(capacity)
+        replay.reserve(capacity)
+        self.replay_buffer = replay
         if reset_num_timesteps:
             self._owed_updates = 0
         return total, callback
+
+    def _new_replay(self, capacity: int) -> EpisodeReplay:
+        return EpisodeReplay(
+            capacity,
+            self.observation_space,
+            self.action_space,
+            n_envs=self.n_envs,
+            fields=self._replay_fields(),
+            window=self._config.horizon + 1,
+            include_last_window=self._config.episodic,
+            seed=0 if self.seed is None else int(self.seed),
+        )
 
     # ------------------------------------------------------------------ collection
     def _collect_act(self, last_obs: Any, learning_starts: int) -> np.ndarray:
