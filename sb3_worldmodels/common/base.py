@@ -13,6 +13,7 @@ the local names callbacks read (``actions``, ``new_obs``, ``rewards``, ``dones``
 from __future__ import annotations
 
 import difflib
+import inspect
 import json
 import os
 import tempfile
@@ -52,6 +53,58 @@ from sb3_worldmodels.common.policy import JaxPolicy
 from sb3_worldmodels.common.replay_state import replay_from_state
 
 FORMAT_VERSION = 2  # 2: attributes as JSON (safe_io); 1: attributes pickled by SB3
+
+
+# SB3 keywords (off-policy algorithms and their subclasses) that no world-model agent has, and why.
+FOREIGN_KEYWORDS = {
+    "train_freq": "it decides when to update itself ({cadence})",
+    "gradient_steps": "it decides how many updates to run ({cadence})",
+    "n_steps": "its returns are its own (TD(lambda) or planning), not SB3's n-step returns",
+    "target_update_interval": "it is DQN's; the agent has no hard target-network copy",
+    "exploration_fraction": "it is DQN's epsilon-greedy schedule; the agent explores with its own policy",
+    "exploration_initial_eps": "it is DQN's epsilon-greedy schedule; the agent explores with its own policy",
+    "exploration_final_eps": "it is DQN's epsilon-greedy schedule; the agent explores with its own policy",
+    "max_grad_norm": "gradient clipping is the agent's own ({clip})",
+    "ent_coef": "it is SAC's; the agent's entropy bonus is {entropy}",
+    "target_entropy": "it is SAC's; the agent's entropy bonus is {entropy}",
+    "policy_delay": "it is TD3's; the agent updates its actor at every update",
+    "target_policy_noise": "it is TD3's; the agent has no target policy smoothing",
+    "target_noise_clip": "it is TD3's; the agent has no target policy smoothing",
+    "sde_sample_freq": "gSDE is not supported",
+    "use_sde_at_warmup": "gSDE is not supported",
+}
+
+
+def take_sb3_alias(
+    given: dict[str, Any], sb3_name: str, own_name: str, own_value: Any, own_default: Any, convert=None
+) -> Any:
+    """Pop SB3's keyword ``sb3_name`` from ``given`` and return it (converted) as the agent's
+    ``own_name``; ``own_value`` when absent. Both given: ValueError."""
+    if sb3_name not in given:
+        return own_value
+    value = given.pop(sb3_name)
+    if own_value != own_default:
+        raise ValueError(
+            f"Pass either {sb3_name}={value!r} (SB3's name) or {own_name}={own_value!r}, not both: "
+            f"they are the same setting here."
+        )
+    return convert(value) if convert is not None else value
+
+
+def refuse_foreign_keywords(agent: type, given: dict[str, Any], hints: dict[str, str]) -> None:
+    """ValueError for an SB3 keyword the agent has no use for (saying why), TypeError for an unknown one
+    (with the closest of the agent's own argument names)."""
+    own = [name for name in inspect.signature(agent.__init__).parameters if not name.startswith("_")]
+    accepted = {"allow_vecnormalize_obs", "action_noise", "replay_buffer_class", "replay_buffer_kwargs"}
+    accepted |= {"optimize_memory_usage", "use_sde"}
+    for key in given:
+        if key in FOREIGN_KEYWORDS:
+            reason = FOREIGN_KEYWORDS[key].format(**hints)
+            raise ValueError(f"{agent.__name__} does not take {key}: {reason}.")
+        if key not in accepted:
+            close = difflib.get_close_matches(key, [*accepted, *own], n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"{agent.__name__} got an unexpected keyword argument {key!r}.{hint}")
 
 
 class NonFiniteUpdateError(FloatingPointError):
@@ -252,6 +305,16 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             raise ValueError(
                 f"{self.agent_name} uses its own sequence replay; replay_buffer_class must be None."
             )
+        if replay_buffer_kwargs:
+            raise ValueError(
+                f"{self.agent_name} uses its own sequence replay: replay_buffer_kwargs has no meaning here."
+            )
+        if policy_kwargs:
+            raise ValueError(
+                f"{self.agent_name} does not take policy_kwargs ({sorted(policy_kwargs)}): its networks are "
+                "sized by the constructor's own arguments (model_size and the width settings of the "
+                "config), not by net_arch or activation_fn."
+            )
         self.n_envs_requested = n_envs
         self.allow_vecnormalize_obs = allow_vecnormalize_obs
         if isinstance(env, gym.vector.VectorEnv):
@@ -347,6 +410,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         )
         self.policy = JaxPolicy(self.observation_space, self.action_space)
         self.policy.state = self._build_state()
+        self.policy.algorithm_predict = self.predict
         # SB3 code reads ``model.gamma`` (e.g. for n-step returns or logging): the agent's own discount.
         self.gamma = self._discount()
         self._convert_train_freq()
@@ -355,6 +419,9 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         self._stateless_predicts = 0
         self._wm_callbacks: list[WorldModelCallback] = []
         self._eval_callbacks: list[EvalCallback] = []
+        self._resumed = False
+        if not hasattr(self, "at_episode_boundary"):
+            self.at_episode_boundary = True  # every env between episodes (saved with the model)
 
     def _build_state(self) -> Any:
         """The agent's initial state pytree (params, optimiser, RNG keys, statistics)."""
@@ -372,6 +439,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             "_rollout",
             "_wm_callbacks",
             "_eval_callbacks",
+            "_resumed",
         ]
 
     def _update_learning_rate(self, optimizers: Any) -> None:
@@ -413,7 +481,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         return {
             "data": text.encode(),
             "pytorch_variables.pth": safe_io.tensors_to_bytes({}),
-            **{f"{name}.pth": safe_io.tensors_to_bytes(p) for name, p in self.get_parameters().items()},
+            "policy.pth": safe_io.tensors_to_bytes(self.policy.state_dict()),
             "_stable_baselines3_version": sb3.__version__.encode(),
             "system_info.txt": get_system_info(print_info=False)[1].encode(),
         }
@@ -546,10 +614,18 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         model.__dict__.update(kwargs)
         model._setup_model()
         model.set_parameters(params, exact_match=True, device=device)
+        model._resumed = True  # the next learn() says what a continuation cannot reproduce
         return model
 
+    def get_parameters(self) -> dict[str, dict[str, Any]]:
+        """SB3's parameter dict, ``{"policy": {name: float tensor}}``: weights, optimiser moments and
+        statistics. PRNG keys and counters are left out (``set_parameters`` keeps the model's own);
+        ``save`` stores them too."""
+        return {"policy": self.policy.state_dict(floats_only=True)}
+
     def set_parameters(self, load_path_or_dict: Any, exact_match: bool = True, device: str = "auto") -> None:
-        """SB3's ``set_parameters``; a checkpoint path is read without unpickling (only its weights)."""
+        """SB3's ``set_parameters``; a checkpoint path is read without unpickling (only its weights).
+        ``exact_match=False`` accepts a part of the weights: the others keep their values."""
         if isinstance(load_path_or_dict, dict):
             return super().set_parameters(load_path_or_dict, exact_match=exact_match, device=device)
         is_path = isinstance(load_path_or_dict, (str, os.PathLike))
@@ -572,6 +648,9 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
     def _setup_learn(
         self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run", progress_bar=False
     ):
+        if self._resumed and not reset_num_timesteps and self.num_timesteps > 0:
+            self._warn_inexact_resume()
+        self._resumed = False
         total, callback = super()._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
@@ -579,6 +658,26 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         self._wm_callbacks = [c for c in found if isinstance(c, WorldModelCallback)]
         self._eval_callbacks = [c for c in found if isinstance(c, EvalCallback)]
         return total, callback
+
+    def _warn_inexact_resume(self) -> None:
+        """Say why continuing this loaded model will not reproduce the uninterrupted run."""
+        reasons = []
+        if self.replay_buffer is None:
+            reasons.append(
+                "its replay buffer was not loaded (training restarts from an empty replay: call "
+                "load_replay_buffer() with the file save_replay_buffer() or CheckpointCallback("
+                "save_replay_buffer=True) wrote)"
+            )
+        if not self.at_episode_boundary and self._last_obs is None:
+            reasons.append(
+                "it was saved mid-episode and its envs start new episodes (SB3's load resets them)"
+            )
+        if reasons:
+            warnings.warn(
+                f"Continuing a loaded {type(self).__name__}: {'; and '.join(reasons)}. The run goes on "
+                "but differs from an uninterrupted one (docs/safety.md, Resuming).",
+                stacklevel=4,
+            )
 
     def learn(
         self,
@@ -644,6 +743,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             self._update_info_buffer(infos, dones)
             self._collect_observe(new_obs, rewards, dones, infos)
             self._last_obs = new_obs
+            self.at_episode_boundary = bool(np.all(dones))
             self._update_current_progress_remaining(self.num_timesteps, self._total_timesteps)
             self._on_step()
             for done in dones:

@@ -15,7 +15,9 @@ from sb3_worldmodels.common.base import (
     WorldModelAlgorithm,
     pad_rows,
     padded_rows,
+    refuse_foreign_keywords,
     refuse_non_finite_actions,
+    take_sb3_alias,
 )
 from sb3_worldmodels.common.boundary import check_finite_arrays
 from sb3_worldmodels.common.replay import SequenceReplay, check_replay_memory
@@ -42,6 +44,20 @@ _CONFIG_FIELDS = tuple(
     for f in DreamerV3Config.__dataclass_fields__
     if f not in ("obs_dim", "action_dim", "discrete", "learning_rate")
 )
+
+
+SB3_HINTS = {
+    "cadence": "train_ratio: replayed rows per collected row",
+    "clip": "agc, adaptive gradient clipping per tensor",
+    "entropy": "actent",
+}
+
+
+def horizon_from_gamma(gamma: float) -> float:
+    """SB3's ``gamma`` as DreamerV3's ``return_horizon`` (discount = 1 - 1 / horizon)."""
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma < 1.0:
+        raise ValueError(f"gamma must be a number in [0, 1), got {gamma!r}.")
+    return 1.0 / (1.0 - float(gamma))
 
 
 class DreamerV3(WorldModelAlgorithm):
@@ -139,6 +155,15 @@ class DreamerV3(WorldModelAlgorithm):
         _init_setup_model: bool = True,
         **sb3_kwargs: Any,
     ) -> None:
+        sb3_kwargs = dict(sb3_kwargs)
+        replay_capacity = take_sb3_alias(
+            sb3_kwargs, "buffer_size", "replay_capacity", replay_capacity, 5_000_000
+        )
+        return_horizon = take_sb3_alias(
+            sb3_kwargs, "gamma", "return_horizon", return_horizon, 333, convert=horizon_from_gamma
+        )
+        slow_rate = take_sb3_alias(sb3_kwargs, "tau", "slow_rate", slow_rate, 0.02)
+        refuse_foreign_keywords(type(self), sb3_kwargs, SB3_HINTS)
         self.model_size = model_size
         self.units, self.deter, self.hidden, self.classes = units, deter, hidden, classes
         self.stoch, self.blocks = stoch, blocks

@@ -15,7 +15,9 @@ from sb3_worldmodels.common.base import (
     WorldModelAlgorithm,
     pad_rows,
     padded_rows,
+    refuse_foreign_keywords,
     refuse_non_finite_actions,
+    take_sb3_alias,
 )
 from sb3_worldmodels.common.boundary import check_finite_arrays
 from sb3_worldmodels.common.envs import vec_agent_steps_per_episode
@@ -36,6 +38,13 @@ predict_rollout_jit = agent_jit(core.predict_rollout)
 _CONFIG_FIELDS = tuple(
     f for f in TDMPC2Config.__dataclass_fields__ if f not in ("obs_dim", "action_dim", "lr")
 )
+
+
+SB3_HINTS = {
+    "cadence": "one update per agent step after the seed_steps, as the reference",
+    "clip": "grad_clip_norm",
+    "entropy": "entropy_coef",
+}
 
 
 class _RolloutState(NamedTuple):
@@ -130,6 +139,10 @@ class TDMPC2(WorldModelAlgorithm):
         _init_setup_model: bool = True,
         **sb3_kwargs: Any,
     ) -> None:
+        sb3_kwargs = dict(sb3_kwargs)
+        seed_steps = take_sb3_alias(sb3_kwargs, "learning_starts", "seed_steps", seed_steps, None)
+        discount = take_sb3_alias(sb3_kwargs, "gamma", "discount", discount, None)
+        refuse_foreign_keywords(type(self), sb3_kwargs, SB3_HINTS)
         self.model_size = model_size
         self.enc_dim, self.mlp_dim, self.latent_dim = enc_dim, mlp_dim, latent_dim
         self.num_enc_layers, self.num_q, self.simnorm_dim = num_enc_layers, num_q, simnorm_dim
