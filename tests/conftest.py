@@ -46,3 +46,27 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     for cache in _OWNED_CACHE:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def _has_dm_control() -> bool:
+    try:
+        import dm_control  # noqa: F401
+        import shimmy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without the ``dmc`` extra (Python 3.13 has no dm_control wheel), skip the tests that build
+    dm_control tasks (their code names them) instead of failing them."""
+    if _has_dm_control():
+        return
+    import inspect
+
+    skip = pytest.mark.skip(reason="needs the dmc extra (dm_control), not installed")
+    for item in items:
+        function = getattr(item, "function", None)
+        source = inspect.getsource(function) if function is not None else ""
+        if "dm_control" in source or "dmc" in source or "cartpole-balance" in source:
+            item.add_marker(skip)

@@ -48,7 +48,7 @@ from sb3_worldmodels.blocks.random import fold_in_rows
 from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.boundary import ActionAdapter, ObservationAdapter, check_rewards
 from sb3_worldmodels.common.callbacks import WorldModelCallback
-from sb3_worldmodels.common.envs import ActionRepeat, vec_env_from_gymnasium
+from sb3_worldmodels.common.envs import ActionRepeat, register_dm_control, vec_env_from_gymnasium
 from sb3_worldmodels.common.policy import JaxPolicy
 from sb3_worldmodels.common.replay_state import replay_from_state
 
@@ -151,7 +151,7 @@ def _is_env_id(value: Any) -> bool:
     if value in ("MlpPolicy", "MultiInputPolicy", "CnnPolicy"):
         return False
     if value.startswith("dm_control/"):
-        import shimmy  # noqa: F401  (registers the dm_control ids)
+        register_dm_control()
     return value in gym.registry or ":" in value
 
 

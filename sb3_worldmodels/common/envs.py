@@ -130,6 +130,22 @@ class FlattenDictObservation(gym.ObservationWrapper):
         return np.concatenate([np.asarray(observation[k], np.float32).reshape(-1) for k in self._keys])
 
 
+DMC_EXTRA_HINT = (
+    "dm_control tasks need the 'dmc' extra: pip install 'sb3_worldmodels[dmc]' (Python 3.11 or 3.12; "
+    "dm_control's labmaze dependency has no wheel for Python 3.13 and needs bazel to build)."
+)
+
+
+def register_dm_control() -> None:
+    """Import shimmy so that the ``dm_control/...`` ids are registered; a clear ImportError without
+    the ``dmc`` extra."""
+    try:
+        import dm_control  # noqa: F401
+        import shimmy  # noqa: F401  (registers the dm_control ids)
+    except ImportError as error:
+        raise ImportError(f"{DMC_EXTRA_HINT} ({error})") from error
+
+
 def dmc_env_id(task: str) -> str:
     """The Gymnasium id of a dm_control suite task, from any of the names papers use.
 
@@ -137,7 +153,7 @@ def dmc_env_id(task: str) -> str:
     ``"ball_in_cup_catch"`` and ``"cartpole-balance-sparse"`` all resolve. Importing shimmy
     registers the ids.
     """
-    import shimmy  # noqa: F401  (registers the dm_control ids)
+    register_dm_control()
 
     if task in gym.registry:
         return task
