@@ -40,20 +40,20 @@ def test_a_checkpoint_has_the_permissions_of_a_plain_file(tmp_path):
 KILLED_SAVE = textwrap.dedent(
     """
     import sys, time
-    from stable_baselines3.common import base_class
+    from sb3_worldmodels.common import safe_io
     from tests.test_checkpoint_faults import tiny_model
 
     model = tiny_model()
     model.save(sys.argv[1])  # one complete checkpoint
     print("saved", flush=True)
 
-    def stalled(path, data=None, params=None, pytorch_variables=None, verbose=0):
+    def stalled(path, members):
         with open(path, "wb") as handle:
             handle.write(b"PK partial checkpoint")
             handle.flush()
         time.sleep(600)
 
-    base_class.save_to_zip_file = stalled
+    safe_io.write_zip = stalled
     model.save(sys.argv[1])
     """
 )
@@ -88,6 +88,47 @@ def test_a_killed_save_keeps_the_last_checkpoint_and_its_leftover_is_removed(tmp
     # The next save removes the dead process's leftover.
     loaded.save(target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.zip"]
+
+
+KILLED_LEARN = textwrap.dedent(
+    """
+    import sys
+    from stable_baselines3.common.callbacks import CheckpointCallback
+    from tests.test_checkpoint_faults import tiny_model
+
+    model = tiny_model()
+    callback = CheckpointCallback(save_freq=5, save_path=sys.argv[1], save_replay_buffer=True)
+    model.learn(100_000, callback=callback)
+    """
+)
+
+
+def test_a_run_killed_during_learn_leaves_loadable_checkpoints(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_LEARN, str(tmp_path)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    try:
+        deadline = time.time() + 300
+        while len(list(tmp_path.glob("rl_model_*_steps.zip"))) < 4 and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)  # wherever it is: acting, updating or saving
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    models = sorted(tmp_path.glob("rl_model_*_steps.zip"), key=lambda p: int(p.name.split("_")[2]))
+    assert len(models) >= 4
+    last = TDMPC2.load(models[-1])  # every checkpoint that exists is complete
+    steps = int(models[-1].name.split("_")[2])
+    replay = tmp_path / f"rl_model_replay_buffer_{steps}_steps.pkl"
+    if replay.exists():  # the run may have died between the model and its replay
+        last.load_replay_buffer(replay)
+    assert last.num_timesteps == steps
+    last.save(models[-1])  # a save in that folder removes any leftover of the killed one
+    assert not list(tmp_path.glob(".*.tmp.zip"))
 
 
 def _rewrite(src: Path, dst: Path, drop: str | None = None, data_update: dict | None = None) -> None:
