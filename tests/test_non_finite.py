@@ -165,3 +165,39 @@ def test_a_nan_action_never_reaches_the_env(agent):
         model.learn(30, reset_num_timesteps=False)
     assert len(faulty.actions) == sent
     assert all(np.all(np.isfinite(a)) for a in faulty.actions)
+
+
+class BrokenEnv(ChainEnv):
+    """Raises at env step ``at`` (``kind="raise"``) or returns a longer observation from then on."""
+
+    def __init__(self, at: int, kind: str) -> None:
+        super().__init__()
+        self.at, self.kind, self.steps = at, kind, 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        self.steps += 1
+        if self.steps >= self.at:
+            if self.kind == "raise":
+                raise RuntimeError("the simulator crashed")
+            obs = np.concatenate([obs, [0.0]]).astype(np.float32)
+        return obs, reward, terminated, truncated, info
+
+
+@pytest.mark.parametrize("agent", list(AGENTS))
+@pytest.mark.parametrize(
+    ("kind", "error", "words"),
+    [
+        ("raise", RuntimeError, "the simulator crashed"),
+        ("shape", ValueError, r"env.step failed at step \d+.*no longer fits the observation space"),
+    ],
+)
+def test_an_env_that_fails_mid_run_leaves_a_sound_model(agent, kind, error, words):
+    model = build(agent, vec(lambda: BrokenEnv(at=45, kind=kind)))
+    with pytest.raises(error, match=words):
+        model.learn(200)
+    assert all_finite(model) and 0 < model.num_timesteps < 200
+    stored = model.replay_buffer.export_state()[0]
+    assert all(np.all(np.isfinite(a)) for a in stored.values() if a.dtype.kind == "f")
+    model.set_env(vec(ChainEnv))  # the model goes on with a working env
+    model.learn(20, reset_num_timesteps=False)

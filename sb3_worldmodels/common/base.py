@@ -728,7 +728,13 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             buffer_actions = self._collect_act(self._last_obs, learning_starts)
             refuse_non_finite_actions(buffer_actions, f" at step {self.num_timesteps}")
             actions = self.action_adapter.to_env(buffer_actions)
-            new_obs, rewards, dones, infos = env.step(actions)
+            try:
+                new_obs, rewards, dones, infos = env.step(actions)
+            except ValueError as error:  # e.g. DummyVecEnv storing an observation of another shape
+                raise ValueError(
+                    f"env.step failed at step {self.num_timesteps} (num_timesteps): {error}. An observation "
+                    f"that no longer fits the observation space {self.observation_space} is the usual cause."
+                ) from error
             where = f" at step {self.num_timesteps} (num_timesteps, before this step)"
             check_rewards(rewards, where)
             self.obs_adapter.flatten(new_obs, where)
