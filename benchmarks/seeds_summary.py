@@ -25,9 +25,7 @@ CHECKS = {
     ("dreamerv3", "pendulum"): 'DreamerV3 Pendulum-v1, "1m", 20,000 rows (final evaluation)',
     ("dreamerv3", "cartpole"): 'DreamerV3 CartPole-v1, "1m", 24,000 rows (mean of evaluations 12K-24K)',
 }
-SUPERSEDED = {
-    ("tdmpc2", "cartpole-balance", 0): "ran before the tau fix of 3335a8f (target Qs copied every update)",
-}
+SUPERSEDED: dict[tuple[str, str, int], str] = {}  # (agent, task, seed) -> why a result no longer counts
 COLORS = ["#c0392b", "#2471a3", "#229954", "#7d3c98", "#d68910"]
 
 
