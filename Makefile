@@ -7,11 +7,12 @@ test:
 	python -m pytest -q
 
 lint:
-	ruff check sb3_worldmodels tests benchmarks examples
+	ruff check sb3_worldmodels tests benchmarks examples tools
+	ruff format --check sb3_worldmodels tests benchmarks examples tools
 
 format:
-	ruff format sb3_worldmodels tests benchmarks examples
-	ruff check --fix sb3_worldmodels tests benchmarks examples
+	ruff format sb3_worldmodels tests benchmarks examples tools
+	ruff check --fix sb3_worldmodels tests benchmarks examples tools
 
 quickstart:
 	python examples/quickstart.py
