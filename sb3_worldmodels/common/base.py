@@ -52,6 +52,7 @@ from sb3_worldmodels.common.envs import ActionRepeat, register_dm_control, vec_e
 from sb3_worldmodels.common.policy import JaxPolicy
 from sb3_worldmodels.common.replay_state import replay_from_state
 
+DETERMINISTIC_PREDICT_SEED = 0  # the base key of deterministic predicts (folded with each row's inputs)
 FORMAT_VERSION = 2  # 2: attributes as JSON (safe_io); 1: attributes pickled by SB3
 
 
@@ -793,13 +794,14 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         """(n, 2) PRNG keys for a ``predict`` call on n rows, one per row.
 
         ``deterministic=True``: each row's key is derived from that row's inputs (observation and
-        state), so the same inputs give the same action whatever came before and across save/load.
-        Otherwise the keys come from the model's predict stream, which advances with every call.
+        state) alone, so the action is a function of the inputs and the weights: the same whatever
+        came before, across save/load, and in another model given these weights by
+        ``set_parameters``. Otherwise the keys come from the model's predict stream, which advances
+        with every call.
         """
-        base = self.policy.state["predict_key"]
         if deterministic:
-            return fold_in_rows(base, row_digests(*inputs))
-        key = jax.random.fold_in(base, self._predict_calls)
+            return fold_in_rows(jax.random.PRNGKey(DETERMINISTIC_PREDICT_SEED), row_digests(*inputs))
+        key = jax.random.fold_in(self.policy.state["predict_key"], self._predict_calls)
         self._predict_calls += 1
         return jax.random.split(key, len(inputs[0]))
 
