@@ -17,7 +17,7 @@ from gymnasium.wrappers import TimeLimit
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_worldmodels import TDMPC2, DreamerV3
-from sb3_worldmodels.common.base import NonFiniteUpdateError
+from sb3_worldmodels.common.base import NonFiniteActionError, NonFiniteUpdateError
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 from tests.probe_envs import ChainEnv
@@ -159,9 +159,9 @@ def test_a_nan_action_never_reaches_the_env(agent):
     model.policy.state = jax.tree_util.tree_map(
         lambda x: x * np.nan if np.asarray(x).dtype.kind == "f" else x, model.policy.state
     )
-    with pytest.raises(NonFiniteUpdateError, match="non-finite action.*not sent to the env"):
+    with pytest.raises(NonFiniteActionError, match="non-finite action.*not sent to the env"):
         model.predict(np.array([0.0, 1.0], np.float32), deterministic=True)
-    with pytest.raises(NonFiniteUpdateError, match="non-finite action.*not sent to the env"):
+    with pytest.raises(NonFiniteActionError, match="non-finite action.*not sent to the env"):
         model.learn(30, reset_num_timesteps=False)
     assert len(faulty.actions) == sent
     assert all(np.all(np.isfinite(a)) for a in faulty.actions)

@@ -82,6 +82,13 @@ def pickled_entry(obj) -> dict:
     return {":type:": "<class 'object'>", ":serialized:": base64.b64encode(cloudpickle.dumps(obj)).decode()}
 
 
+def with_payload(path: Path, tmp_path: Path, key: str, marker: Path) -> Path:
+    """A copy of checkpoint ``path`` whose attribute ``key`` is a pickled payload."""
+    data = json.loads(members(path)["data"])
+    data[key] = pickled_entry(Payload(marker))
+    return rewrite(path, tmp_path / "bad.zip", data=json.dumps(data).encode())
+
+
 def tensor_file(obj) -> bytes:
     buffer = io.BytesIO()
     th.save(obj, buffer)
@@ -114,9 +121,7 @@ def test_a_loaded_checkpoint_equals_the_saved_model(trained):
 def test_a_payload_in_the_data_part_does_not_run(trained, tmp_path, key):
     cls, path, _, _ = trained
     marker = tmp_path / "ran"
-    data = json.loads(members(path)["data"])
-    data[key] = pickled_entry(Payload(marker))
-    bad = rewrite(path, tmp_path / "bad.zip", data=json.dumps(data).encode())
+    bad = with_payload(path, tmp_path, key, marker)
     with (
         pytest.raises(ValueError, match="trust_pickled_code")
         if key != "algorithm_name"
@@ -144,9 +149,7 @@ def test_a_payload_in_a_tensor_part_does_not_run(trained, tmp_path, part):
 def test_set_parameters_from_a_file_reads_only_the_weights(trained, tmp_path):
     cls, path, _, model = trained
     marker = tmp_path / "ran"
-    data = json.loads(members(path)["data"])
-    data["observation_space"] = pickled_entry(Payload(marker))
-    bad = rewrite(path, tmp_path / "bad.zip", data=json.dumps(data).encode())
+    bad = with_payload(path, tmp_path, "observation_space", marker)
     fresh = cls(chain_env(), **AGENTS["tdmpc2" if cls is TDMPC2 else "dreamerv3"][1])
     fresh.set_parameters(str(bad))
     assert not marker.exists()
@@ -184,9 +187,7 @@ def test_a_pickled_checkpoint_needs_the_opt_in_and_then_loads(trained, tmp_path)
 def test_trusting_a_file_is_what_runs_its_code(trained, tmp_path):
     cls, path, _, _ = trained
     marker = tmp_path / "ran"
-    data = json.loads(members(path)["data"])
-    data["verbose"] = pickled_entry(Payload(marker))
-    bad = rewrite(path, tmp_path / "bad.zip", data=json.dumps(data).encode())
+    bad = with_payload(path, tmp_path, "verbose", marker)
     with pytest.raises(UnsafeFileError, match="verbose"):
         cls.load(bad)
     assert not marker.exists()

@@ -18,7 +18,6 @@ import json
 import os
 import tempfile
 import warnings
-import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -112,12 +111,16 @@ class NonFiniteUpdateError(FloatingPointError):
     """An update produced NaN or inf; the model keeps its parameters from before it."""
 
 
+class NonFiniteActionError(FloatingPointError):
+    """The agent produced a NaN or infinite action; it was neither sent to an env nor returned."""
+
+
 STATE_FIX = "pass back the state that predict returned, or None (with episode_start) to start afresh."
 
 
 def refuse_non_finite_actions(actions: np.ndarray, where: str) -> None:
     if not np.all(np.isfinite(actions)):
-        raise NonFiniteUpdateError(
+        raise NonFiniteActionError(
             f"The agent produced a non-finite action{where}; it was not sent to the env. Its parameters "
             "or carried state hold NaN or inf (e.g. set by set_parameters); load a good checkpoint."
         )
@@ -421,6 +424,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         self._wm_callbacks: list[WorldModelCallback] = []
         self._eval_callbacks: list[EvalCallback] = []
         self._resumed = False
+        self._flat_obs: tuple[Any, np.ndarray] | None = None  # (an observation, it flattened)
         if not hasattr(self, "at_episode_boundary"):
             self.at_episode_boundary = True  # every env between episodes (saved with the model)
 
@@ -441,6 +445,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             "_wm_callbacks",
             "_eval_callbacks",
             "_resumed",
+            "_flat_obs",
         ]
 
     def _update_learning_rate(self, optimizers: Any) -> None:
@@ -511,7 +516,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         """Load a replay written by :meth:`save_replay_buffer`. A pickled replay (older files) loads
         only with ``trust_pickled_code=True``: unpickling runs code stored in the file. A refused or
         mismatched file leaves the current replay in place."""
-        what = repr(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else "the replay file"
+        what = safe_io.describe(path, "the replay file")
         if safe_io.is_zip_file(path):
             arrays, meta = safe_io.load_npz(path, what)
             buffer = replay_from_state(arrays, meta, what)
@@ -548,11 +553,8 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             custom Python objects). Unpickling runs code stored in the file: only for files you trust.
         :param kwargs: attributes to set after loading (SB3's meaning).
         """
-        what = repr(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else "the checkpoint"
-        try:
-            members = safe_io.read_zip(path)
-        except (OSError, zipfile.BadZipFile, ValueError) as error:
-            raise ValueError(f"Could not read {what} as an SB3 checkpoint (zip): {error}") from error
+        what = safe_io.describe(path, "the checkpoint")
+        members = safe_io.read_zip(path, what)
         if "data" not in members:
             raise ValueError(f"{what} holds no SB3 model data (no 'data' part in the zip).")
         header = _checkpoint_header(members["data"], what)
@@ -578,9 +580,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         if print_system_info:
             print("== SAVED MODEL SYSTEM INFO ==")
             print(members.get("system_info.txt", b"(none)").decode(errors="replace"))
-        data = safe_io.decode_attributes(
-            members["data"].decode(errors="replace"), what, custom_objects, trust_pickled_code
-        )
+        data = safe_io.decode_attributes(header, what, custom_objects, trust_pickled_code)
         params = {"policy": safe_io.load_tensors(members["policy.pth"], f"{what} (policy.pth)")}
         return cls._from_checkpoint(data, params, env, device, force_reset, kwargs)
 
@@ -629,12 +629,8 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         ``exact_match=False`` accepts a part of the weights: the others keep their values."""
         if isinstance(load_path_or_dict, dict):
             return super().set_parameters(load_path_or_dict, exact_match=exact_match, device=device)
-        is_path = isinstance(load_path_or_dict, (str, os.PathLike))
-        what = repr(os.fspath(load_path_or_dict)) if is_path else "the file"
-        try:
-            members = safe_io.read_zip(load_path_or_dict)
-        except (OSError, zipfile.BadZipFile, ValueError) as error:
-            raise ValueError(f"Could not read {what} as an SB3 checkpoint (zip): {error}") from error
+        what = safe_io.describe(load_path_or_dict, "the file")
+        members = safe_io.read_zip(load_path_or_dict, what)
         params = {
             name[: -len(".pth")]: safe_io.load_tensors(blob, f"{what} ({name})")
             for name, blob in members.items()
@@ -726,7 +722,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         callback.on_rollout_start()
         continue_training = True
         while should_collect_more_steps(train_freq, num_collected_steps, num_collected_episodes):
-            buffer_actions = self._collect_act(self._last_obs, learning_starts)
+            buffer_actions = self._collect_act(self._flat_last_obs(), learning_starts)
             refuse_non_finite_actions(buffer_actions, f" at step {self.num_timesteps}")
             actions = self.action_adapter.to_env(buffer_actions)
             try:
@@ -738,7 +734,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
                 ) from error
             where = f" at step {self.num_timesteps} (num_timesteps, before this step)"
             check_rewards(rewards, where)
-            self.obs_adapter.flatten(new_obs, where)
+            flat_obs = self.obs_adapter.flatten(new_obs, where)
             self.num_timesteps += self._rows_in_step(dones)
             num_collected_steps += 1
             callback.update_locals(locals())
@@ -748,8 +744,9 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
                 )
             self._emit_eval_metrics()
             self._update_info_buffer(infos, dones)
-            self._collect_observe(new_obs, rewards, dones, infos)
+            self._collect_observe(flat_obs, rewards, dones, infos)
             self._last_obs = new_obs
+            self._flat_obs = (new_obs, flat_obs)
             self.at_episode_boundary = bool(np.all(dones))
             self._update_current_progress_remaining(self.num_timesteps, self._total_timesteps)
             self._on_step()
@@ -762,18 +759,25 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         callback.on_rollout_end()
         return RolloutReturn(num_collected_steps * env.num_envs, num_collected_episodes, continue_training)
 
+    def _flat_last_obs(self) -> np.ndarray:
+        """``_last_obs`` flattened, reusing the step's flattening unless SB3 reset the envs since."""
+        if self._flat_obs is None or self._flat_obs[0] is not self._last_obs:
+            self._flat_obs = (self._last_obs, self.obs_adapter.flatten(self._last_obs))
+        return self._flat_obs[1]
+
     def _rows_in_step(self, dones: np.ndarray) -> int:
         """How much ``num_timesteps`` advances for one vector step."""
         return len(dones)
 
-    def _collect_act(self, last_obs: Any, learning_starts: int) -> np.ndarray:
-        """(n_envs, A) agent-unit actions for the current observations."""
+    def _collect_act(self, obs: np.ndarray, learning_starts: int) -> np.ndarray:
+        """(n_envs, A) agent-unit actions for the current observations ``obs`` (n_envs, O)."""
         raise NotImplementedError
 
     def _collect_observe(
-        self, new_obs: Any, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+        self, obs: np.ndarray, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
     ) -> None:
-        """Record the step's outcome (replay rows, episode starts, training schedule)."""
+        """Record the step's outcome, ``obs`` (n_envs, O) flattened (replay rows, episode starts,
+        training schedule)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ predict
@@ -854,11 +858,12 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         state = self.policy.state
         agent_state = self._with_learning_rate(state["agent"], lr)
         all_metrics = []
+        done = 0
         for k in chunks:
             new_agent_state, metrics, commit = self._train_chunk(agent_state, k)
             metrics = jax.device_get(metrics)
-            self._refuse_non_finite_update(metrics, done=sum(len(m[next(iter(m))]) for m in all_metrics))
-            agent_state = new_agent_state
+            self._refuse_non_finite_update(metrics, done)
+            agent_state, done = new_agent_state, done + k
             commit()
             self.policy.state = {**state, "agent": agent_state}
             all_metrics.append(metrics)

@@ -104,8 +104,8 @@ class ObservationAdapter:
             flat = arr.reshape(arr.shape[0], -1)
         if flat.shape[1] != self.dim:
             raise ValueError(f"Observation has {flat.shape[1]} values per env, expected {self.dim}.")
-        if not np.all(np.isfinite(flat)):
-            bad = np.argwhere(~np.isfinite(flat))[0]
+        bad = first_non_finite(flat)
+        if bad is not None:
             raise ValueError(
                 f"Non-finite observation (NaN or inf) from env {bad[0]}, index {bad[1]}{where}: the world "
                 "model cannot train on it. Check the environment (or wrap it to clip/replace invalid values)."
@@ -113,13 +113,21 @@ class ObservationAdapter:
         return flat
 
 
+def first_non_finite(array: Any) -> tuple[int, ...] | None:
+    """Index of the first NaN or inf in a float array, None when there is none (or no floats)."""
+    array = np.asarray(array)
+    if array.dtype.kind not in "fc" or np.all(np.isfinite(array)):
+        return None
+    return tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
+
+
 def check_rewards(rewards: Any, where: str = "") -> None:
     """Raise ValueError naming the env when a reward is NaN or infinite."""
     rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
-    bad = np.flatnonzero(~np.isfinite(rewards))
-    if bad.size:
+    bad = first_non_finite(rewards)
+    if bad is not None:
         raise ValueError(
-            f"Non-finite reward {rewards[bad[0]]} from env {bad[0]}{where}: the world model would learn it "
+            f"Non-finite reward {rewards[bad]} from env {bad[0]}{where}: the world model would learn it "
             "and every parameter would turn NaN. Fix the env's reward (e.g. a division by zero), or wrap "
             "the env to clip or replace invalid rewards."
         )
@@ -128,9 +136,8 @@ def check_rewards(rewards: Any, where: str = "") -> None:
 def check_finite_arrays(arrays: dict[str, np.ndarray], what: str, fix: str) -> None:
     """Raise ValueError naming the first array (and index) that holds NaN or inf."""
     for name, array in arrays.items():
-        array = np.asarray(array)
-        if array.dtype.kind in "fc" and not np.all(np.isfinite(array)):
-            index = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
+        index = first_non_finite(array)
+        if index is not None:
             raise ValueError(f"{what} holds a non-finite value (NaN or inf) in {name} at {index}: {fix}")
 
 

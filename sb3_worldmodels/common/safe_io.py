@@ -236,20 +236,15 @@ def is_pickled(entry: Any) -> bool:
 
 
 def decode_attributes(
-    text: str, what: str, custom_objects: Mapping[str, Any] | None, trust_pickled_code: bool
+    raw: Mapping[str, Any], what: str, custom_objects: Mapping[str, Any] | None, trust_pickled_code: bool
 ) -> dict[str, Any]:
-    """Read :func:`encode_attributes`' text (or an older, fully pickled SB3 ``data`` part).
+    """Decode the parsed JSON object of :func:`encode_attributes` (or of an older, fully pickled SB3
+    ``data`` part).
 
     A key in ``custom_objects`` takes that value without reading the stored one (SB3's rule).
     Pickled entries are unpickled only with ``trust_pickled_code``; otherwise UnsafeFileError
     names them.
     """
-    try:
-        raw = json.loads(text)
-    except ValueError as error:
-        raise ValueError(f"{what} is not valid JSON: {error}") from error
-    if not isinstance(raw, dict):
-        raise ValueError(f"{what} is not a JSON object.")
     custom_objects = dict(custom_objects or {})
     pickled = sorted(key for key, entry in raw.items() if is_pickled(entry) and key not in custom_objects)
     if pickled and not trust_pickled_code:
@@ -272,11 +267,20 @@ def decode_attributes(
 
 
 # ------------------------------------------------------------------------------------ zip files
-def read_zip(path: Any) -> dict[str, bytes]:
-    """Every member of a zip (path or binary file object), read into memory."""
+def describe(path: Any, default: str) -> str:
+    """``repr`` of a path for messages, ``default`` for a file object."""
+    return repr(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else default
+
+
+def read_zip(path: Any, what: str) -> dict[str, bytes]:
+    """Every member of a zip (path or binary file object), read into memory; ValueError naming
+    ``what`` when it cannot be read as one."""
     source = path if hasattr(path, "read") else _existing_path(path, ".zip")
-    with zipfile.ZipFile(source) as archive:
-        return {name: archive.read(name) for name in archive.namelist()}
+    try:
+        with zipfile.ZipFile(source) as archive:
+            return {name: archive.read(name) for name in archive.namelist()}
+    except (OSError, zipfile.BadZipFile, ValueError) as error:
+        raise ValueError(f"Could not read {what} as an SB3 checkpoint (zip): {error}") from error
 
 
 def _existing_path(path: Any, suffix: str) -> str:

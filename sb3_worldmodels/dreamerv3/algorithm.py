@@ -339,10 +339,9 @@ class DreamerV3(WorldModelAlgorithm):
     def _rows_in_step(self, dones: np.ndarray) -> int:
         return len(dones) + int(np.sum(dones))
 
-    def _collect_act(self, last_obs: Any, learning_starts: int) -> np.ndarray:
+    def _collect_act(self, obs: np.ndarray, learning_starts: int) -> np.ndarray:
         if self._rollout is None:
             self._rollout = self._new_rollout(self.n_envs)
-        obs = self.obs_adapter.flatten(last_obs)
         roll = self._rollout
         state = self.policy.state
         act_key, step_key = jax.random.split(state["act_key"])
@@ -368,7 +367,7 @@ class DreamerV3(WorldModelAlgorithm):
         return action
 
     def _collect_observe(
-        self, new_obs: Any, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+        self, obs: np.ndarray, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
     ) -> None:
         roll = self._rollout
         n = self.n_envs

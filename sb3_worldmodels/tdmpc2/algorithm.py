@@ -305,9 +305,8 @@ class TDMPC2(WorldModelAlgorithm):
         )
 
     # ------------------------------------------------------------------ collection
-    def _collect_act(self, last_obs: Any, learning_starts: int) -> np.ndarray:
+    def _collect_act(self, obs: np.ndarray, learning_starts: int) -> np.ndarray:
         cfg = self._config
-        obs = self.obs_adapter.flatten(last_obs)
         n = self.n_envs
         if self._rollout is None:  # fresh observations after a reset: every env starts an episode
             self.replay_buffer.discard_running()
@@ -349,14 +348,13 @@ class TDMPC2(WorldModelAlgorithm):
         )
 
     def _collect_observe(
-        self, new_obs: Any, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+        self, obs: np.ndarray, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
     ) -> None:
         n = self.n_envs
         # Episodes that ended at the previous step become sampleable now: the reference adds a
         # finished episode to its buffer at the start of the next step (trainer/online_trainer.py
         # @b67b21c), so the updates of the step that ends it do not see it yet.
         self.replay_buffer.store_finished()
-        obs = self.obs_adapter.flatten(new_obs)
         dones = np.asarray(dones, bool)
         truncated = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
         terminated = dones & ~truncated
