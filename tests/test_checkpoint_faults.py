@@ -131,6 +131,17 @@ def test_a_run_killed_during_learn_leaves_loadable_checkpoints(tmp_path):
     assert not list(tmp_path.glob(".*.tmp.zip"))
 
 
+def test_a_save_removes_the_leftovers_of_dead_writers_of_any_file_in_its_folder(tmp_path):
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    dead = int(finished.stdout)
+    other = tmp_path / f".rl_model_25_steps.zip.{dead}.x1y2z3ab.tmp.zip"  # a killed checkpoint's save
+    alive = tmp_path / f".model.zip.{os.getpid()}.q9w8e7rt.tmp.zip"  # a save under way here
+    other.write_bytes(b"PK partial")
+    alive.write_bytes(b"PK partial")
+    tiny_model().save(tmp_path / "rl_model_30_steps.zip")
+    assert not other.exists() and alive.exists()
+
+
 def _rewrite(src: Path, dst: Path, drop: str | None = None, data_update: dict | None = None) -> None:
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
         for item in zin.infolist():

@@ -16,6 +16,7 @@ import difflib
 import inspect
 import json
 import os
+import re
 import tempfile
 import warnings
 import zlib
@@ -196,7 +197,7 @@ def _write_atomically(path: str | os.PathLike, suffix: str, write: Callable[[str
         target = target.with_suffix(suffix)
     target.parent.mkdir(parents=True, exist_ok=True)
     prefix = f".{target.name}.{os.getpid()}."
-    _remove_orphaned_temporaries(target, suffix)
+    _remove_orphaned_temporaries(target.parent, suffix)
     fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp" + suffix, dir=target.parent)
     os.close(fd)
     try:
@@ -213,11 +214,13 @@ def _write_atomically(path: str | os.PathLike, suffix: str, write: Callable[[str
             os.remove(tmp)
 
 
-def _remove_orphaned_temporaries(target: Path, suffix: str) -> None:
-    """Delete ``.<name>.<pid>.*.tmp<suffix>`` files beside ``target`` whose writing process is gone."""
-    for leftover in target.parent.glob(f".{target.name}.*.tmp{suffix}"):
-        pid = leftover.name[len(target.name) + 2 :].split(".", 1)[0]
-        if pid.isdigit() and not _process_alive(int(pid)):
+def _remove_orphaned_temporaries(folder: Path, suffix: str) -> None:
+    """Delete the ``.<name>.<pid>.<random>.tmp<suffix>`` files in ``folder`` whose writing process is
+    gone, whatever file they were for (a CheckpointCallback's next save has another name)."""
+    pattern = re.compile(r"^\..+\.(\d+)\.[A-Za-z0-9_]+\.tmp" + re.escape(suffix) + "$")
+    for leftover in folder.glob(f".*.tmp{suffix}"):
+        match = pattern.match(leftover.name)
+        if match and not _process_alive(int(match.group(1))):
             leftover.unlink(missing_ok=True)
 
 
