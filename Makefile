@@ -1,4 +1,4 @@
-.PHONY: install test lint format bench quickstart
+.PHONY: install test lint format bench quickstart docs
 
 install:
 	pip install "torch==2.13.0" -e ".[test,zoo]"
@@ -16,6 +16,9 @@ format:
 
 quickstart:
 	python examples/quickstart.py
+
+docs:  # the documentation site, into site/ (warnings are errors)
+	NO_MKDOCS_2_WARNING=1 mkdocs build --strict
 
 bench:
 	python benchmarks/dreamerv3_speed.py
