@@ -9,6 +9,7 @@ test:
 lint:
 	ruff check sb3_worldmodels tests benchmarks examples tools
 	ruff format --check sb3_worldmodels tests benchmarks examples tools
+	mypy
 
 format:
 	ruff format sb3_worldmodels tests benchmarks examples tools

@@ -120,7 +120,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.agent == "dreamerv3":
         model = DreamerV3(
-            "Pendulum-v1", **{**DREAMER_SMOKE, "n_envs": 4, "train_ratio": 8}, replay_capacity=args.capacity
+            "Pendulum-v1", **{**DREAMER_SMOKE, "n_envs": 4, "train_ratio": 8}, buffer_size=args.capacity
         )
         module = dreamer_core
     else:

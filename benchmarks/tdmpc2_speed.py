@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 def build(size: int, obs_dim: int, action_dim: int, impl: str = "sb3_worldmodels") -> dict:
     core = importlib.import_module(f"{impl}.tdmpc2.agent")
     preset = importlib.import_module(f"{impl}.tdmpc2.config").preset
-    options = importlib.import_module(f"{impl}.common.xla").COMPILER_OPTIONS
+    options = importlib.import_module(f"{impl}.blocks.jit").COMPILER_OPTIONS
     act_jit = jax.jit(core.act, static_argnames=("config", "eval_mode"), compiler_options=options)
     train_many_jit = jax.jit(core.train_many, static_argnames=("config",), compiler_options=options)
     config = preset(size, obs_dim=obs_dim, action_dim=action_dim, discount=0.975)

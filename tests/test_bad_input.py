@@ -140,9 +140,9 @@ def test_predict_refuses_bad_arguments_and_changes_nothing(model):
 def test_predict_compiles_once_per_power_of_two(model):
     """New batch sizes reuse the acting step compiled for the next power of two."""
     from sb3_worldmodels.dreamerv3 import agent as dreamer_core
-    from sb3_worldmodels.tdmpc2 import algorithm as tdmpc2_algorithm
+    from sb3_worldmodels.tdmpc2 import agent as tdmpc2_core
 
-    jitted = dreamer_core.policy_step_jit if isinstance(model, DreamerV3) else tdmpc2_algorithm.act_jit
+    jitted = dreamer_core.policy_step_jit if isinstance(model, DreamerV3) else tdmpc2_core.act_jit
     obs = np.stack([np.asarray(model.env.reset())[0]] * 8)
     model.predict(obs[:5], deterministic=True)
     size = jitted._cache_size()

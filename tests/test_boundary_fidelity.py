@@ -27,7 +27,7 @@ from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE
 from sb3_worldmodels.dreamerv3.config import preset as dreamer_preset
 from sb3_worldmodels.dreamerv3.reference_weights import params_from_reference, path_to_ref, ref_to_path
 from sb3_worldmodels.tdmpc2 import agent as tdmpc2_core
-from sb3_worldmodels.tdmpc2.algorithm import act_jit, train_many_jit
+from sb3_worldmodels.tdmpc2.agent import act_jit, train_many_jit
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 from sb3_worldmodels.tdmpc2.config import preset as tdmpc2_preset
 from tests.probe_envs import ChainEnv, DictObsEnv

@@ -445,5 +445,5 @@ def test_policy_step() -> None:
     )
     logits = N.rssm_posterior(CONFIG, dyn, deter2, embed)
     assert_close("posterior log-probs", jax.nn.log_softmax(logits), jax.nn.log_softmax(q["out/post_logit"]))
-    dist = A._actor(CONFIG, params["actor"], N.features(deter2, jnp.asarray(post)))
+    dist = A.actor_distribution(CONFIG, params["actor"], N.features(deter2, jnp.asarray(post)))
     assert_close("actor log-probs", jax.nn.log_softmax(dist[0]), jax.nn.log_softmax(q["out/actor_logits"]))

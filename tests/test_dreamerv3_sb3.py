@@ -92,7 +92,7 @@ def test_defaults_are_paper_era():
     cfg = model.config
     assert (cfg.units, cfg.deter, cfg.hidden, cfg.classes) == (256, 2048, 256, 16)
     assert (cfg.train_ratio, cfg.batch_size, cfg.batch_length, cfg.imag_horizon) == (512, 16, 64, 15)
-    assert model.replay_capacity == 5_000_000 and model.replay_buffer is None
+    assert model.buffer_size == 5_000_000 and model.replay_buffer is None
     assert model.replay_bytes_per_seed == 0
     assert DreamerV3("Pendulum-v1", _init_setup_model=False).n_envs == 16
 

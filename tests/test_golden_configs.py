@@ -95,7 +95,7 @@ TDMPC2_MAP = {
     "value_coef": "_config.value_coef",
     "consistency_coef": "_config.consistency_coef",
     "rho": "_config.rho",
-    "lr": "learning_rate",  # our _config.lr stays at its default by design (the rate lives in the state)
+    "lr": "learning_rate",  # our _config.learning_rate stays at its default (the rate is in the state)
     "enc_lr_scale": "_config.enc_lr_scale",
     "grad_clip_norm": "_config.grad_clip_norm",
     "tau": "_config.tau",
@@ -176,7 +176,7 @@ TDMPC2_REF_ONLY = {
 TDMPC2_OURS_ONLY = {
     "obs_dim": "compared with the reference's obs_shape['state'][0]",
     "discount": "compared with the discount TDMPC2.__init__ computes (agent.discount, tdmpc2.py:31-48)",
-    "lr": "left at its default on purpose; the SB3 learning_rate is compared with the reference's lr",
+    "learning_rate": "left at its default on purpose; the SB3 learning_rate is compared with lr",
     "q_dropout": "'always' is b67b21c's behaviour (spec §2.4); other modes are later upstream code",
     "dropout_masks": "how masks are drawn (docs/deviations.md T13)",
     "episodic": "later upstream code (7ec6bc8); off = b67b21c",
@@ -335,7 +335,7 @@ DV3_MAP = {
     "opt.eps": ("_config.eps", _ID),
     "opt.warmup": ("_config.warmup", _ID),
     "opt.wd": ("_config.weight_decay", _ID),
-    "replay.size": ("replay_capacity", _ID),  # rows in both (per-env rings here, D7)
+    "replay.size": ("buffer_size", _ID),  # rows in both (per-env rings here, D7)
 }
 DV3_ENV_MAP = {"env.dmc.repeat": ("action_repeat", _ID)}  # dmc settings only
 

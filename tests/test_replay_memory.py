@@ -15,7 +15,7 @@ from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 from tests.probe_envs import ChainEnv
 
 AGENTS = {
-    "dreamerv3": (DreamerV3, {**DREAMER_SMOKE, "seed": 0}, "replay_capacity"),
+    "dreamerv3": (DreamerV3, {**DREAMER_SMOKE, "seed": 0}, "buffer_size"),
     "tdmpc2": (TDMPC2, {**TDMPC2_SMOKE, "seed": 0, "seed_steps": 10}, "buffer_size"),
 }
 
@@ -51,7 +51,7 @@ def test_a_replay_over_half_the_memory_warns_and_runs(agent, monkeypatch):
         return real(need, held, setting, name)
 
     monkeypatch.setattr(replay_module, "check_replay_memory", spy)
-    monkeypatch.setattr(type(model).__module__ + ".check_replay_memory", spy)
+    monkeypatch.setattr("sb3_worldmodels.common.base.check_replay_memory", spy)
     model.learn(40)
     assert needed["bytes"] >= model.replay_buffer.nbytes > 0
     monkeypatch.setattr(replay_module, "available_memory", lambda: int(needed["bytes"] * 1.5))

@@ -41,7 +41,7 @@ def state_hash(model) -> str:
 
 def test_sb3_keywords_with_a_meaning_here_are_accepted():
     dreamer = build("dreamerv3", buffer_size=4_000, gamma=0.99, tau=0.05)
-    assert dreamer.replay_capacity == 4_000 and dreamer.slow_rate == 0.05
+    assert dreamer.buffer_size == 4_000 and dreamer.slow_rate == 0.05
     assert dreamer.gamma == pytest.approx(0.99) and dreamer.return_horizon == pytest.approx(100.0)
     settings = {k: v for k, v in AGENTS["tdmpc2"][1].items() if k != "seed_steps"}
     tdmpc2 = TDMPC2(chain(), learning_starts=123, gamma=0.9, **settings)
@@ -51,7 +51,6 @@ def test_sb3_keywords_with_a_meaning_here_are_accepted():
 @pytest.mark.parametrize(
     ("agent", "kwargs", "words"),
     [
-        ("dreamerv3", {"buffer_size": 10, "replay_capacity": 20}, "either buffer_size"),
         ("tdmpc2", {"learning_starts": 10}, "either learning_starts"),  # seed_steps is set too
         ("dreamerv3", {"gamma": 1.0}, "gamma must be"),
         ("dreamerv3", {"train_freq": 4}, "train_freq: it decides when to update itself"),

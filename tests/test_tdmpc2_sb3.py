@@ -139,15 +139,14 @@ def test_split_run_equals_whole_run(tmp_path):
 def test_no_recompilation_across_steps():
     model = tiny(chain_vec(1, length=10))
     model.learn(40)
-    from sb3_worldmodels.tdmpc2 import algorithm
 
-    sizes = (algorithm.act_jit._cache_size(), algorithm.train_many_jit._cache_size())
+    sizes = (core.act_jit._cache_size(), core.train_many_jit._cache_size())
     model.learn(20, reset_num_timesteps=False)
     # Another learning rate (here a schedule) reuses the compilation: the rate lives in the state.
     scheduled = tiny(chain_vec(1, length=10), learning_rate=lambda progress: 1e-4 + 1e-3 * progress)
     scheduled.learn(40)
-    assert (algorithm.act_jit._cache_size(), algorithm.train_many_jit._cache_size()) == sizes
-    used = float(scheduled.policy.state["agent"].lr)
+    assert (core.act_jit._cache_size(), core.train_many_jit._cache_size()) == sizes
+    used = float(scheduled.policy.state["agent"].learning_rate)
     assert np.isclose(used, scheduled.lr_schedule(scheduled._current_progress_remaining), rtol=1e-6)
 
 

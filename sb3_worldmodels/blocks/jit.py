@@ -14,7 +14,7 @@ COMPILER_OPTIONS = {"xla_backend_optimization_level": 1, "xla_cpu_experimental_y
 short run, at no measured cost in step time. Without YNNPACK fusions the dots run on XLA's own
 (multi-threaded) kernels: the "1m" DreamerV3 update is about 10% faster on a 2-core machine, and a
 dot with a transposed right operand at a few rows is not several times slower
-(benchmarks/profile_update.py)."""
+(tools/profile_update.py)."""
 
 MATMUL_PRECISIONS = ("float32", "tensorfloat32", "bfloat16", "default")
 """Values of the configs' ``matmul_precision``: "float32" computes every matmul and convolution in

@@ -68,7 +68,7 @@ def scale_by_agc(clip: float = 0.3, pmin: float = 1e-3) -> optax.GradientTransfo
 class ScaleByRmsState(NamedTuple):
     """count: () int32, updates seen; nu: EMA of squared updates (raw, not bias-corrected)."""
 
-    count: Array
+    count: Array  # type: ignore[assignment]
     nu: Any
 
 
@@ -93,7 +93,7 @@ def scale_by_rms_corrected(beta2: float = 0.999, eps: float = 1e-20) -> optax.Gr
 class ScaleByMomentumState(NamedTuple):
     """count: () int32, updates seen; mu: EMA of updates (raw, not bias-corrected)."""
 
-    count: Array
+    count: Array  # type: ignore[assignment]
     mu: Any
 
 
@@ -120,7 +120,7 @@ def scale_by_momentum_corrected(beta1: float = 0.9) -> optax.GradientTransformat
 class WarmupState(NamedTuple):
     """count: () int32, optimiser steps taken so far."""
 
-    count: Array
+    count: Array  # type: ignore[assignment]
 
 
 def scale_by_warmup(warmup: int = 1000) -> optax.GradientTransformation:
@@ -235,3 +235,14 @@ def get_learning_rate(opt_state: Any) -> Array:
     if not found:
         raise ValueError("no injected learning_rate found in the given state")
     return found[0]
+
+
+def squared_global_norm(tree: Any) -> Array:
+    """() sum of the squares of all leaves, as one reduction over their concatenation (a reduction
+    per leaf is one more kernel per leaf to compile)."""
+    return jnp.sum(jnp.square(jnp.concatenate([jnp.ravel(x) for x in jax.tree_util.tree_leaves(tree)])))
+
+
+def global_norm(tree: Any) -> Array:
+    """() Euclidean norm of all leaves together (``optax.global_norm``, in one reduction)."""
+    return jnp.sqrt(squared_global_norm(tree))

@@ -46,10 +46,16 @@ from stable_baselines3.her.her_replay_buffer import HerReplayBuffer
 
 from sb3_worldmodels.blocks.random import fold_in_rows
 from sb3_worldmodels.common import safe_io
-from sb3_worldmodels.common.boundary import ActionAdapter, ObservationAdapter, check_rewards
+from sb3_worldmodels.common.boundary import (
+    ActionAdapter,
+    ObservationAdapter,
+    check_finite_arrays,
+    check_rewards,
+)
 from sb3_worldmodels.common.callbacks import WorldModelCallback
 from sb3_worldmodels.common.envs import ActionRepeat, register_dm_control, vec_env_from_gymnasium
 from sb3_worldmodels.common.policy import JaxPolicy
+from sb3_worldmodels.common.replay import check_replay_memory
 from sb3_worldmodels.common.replay_state import replay_from_state
 
 DETERMINISTIC_PREDICT_SEED = 0  # the base key of deterministic predicts (folded with each row's inputs)
@@ -95,7 +101,7 @@ def take_sb3_alias(
 def refuse_foreign_keywords(agent: type, given: dict[str, Any], hints: dict[str, str]) -> None:
     """ValueError for an SB3 keyword the agent has no use for (saying why), TypeError for an unknown one
     (with the closest of the agent's own argument names)."""
-    own = [name for name in inspect.signature(agent.__init__).parameters if not name.startswith("_")]
+    own = [name for name in inspect.signature(agent).parameters if not name.startswith("_")]
     accepted = {"allow_vecnormalize_obs", "action_noise", "replay_buffer_class", "replay_buffer_kwargs"}
     accepted |= {"optimize_memory_usage", "use_sde"}
     for key in given:
@@ -180,9 +186,9 @@ def _walk_callbacks(callback: BaseCallback | None) -> Iterator[BaseCallback]:
         for child in callback.callbacks:
             yield from _walk_callbacks(child)
     for attr in ("callback", "callback_on_new_best", "callback_after_eval"):
-        child = getattr(callback, attr, None)
-        if isinstance(child, BaseCallback) and child is not callback:
-            yield from _walk_callbacks(child)
+        nested = getattr(callback, attr, None)
+        if isinstance(nested, BaseCallback) and nested is not callback:
+            yield from _walk_callbacks(nested)
 
 
 def _write_atomically(path: str | os.PathLike, suffix: str, write: Callable[[str], None]) -> None:
@@ -252,20 +258,60 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
     """Base class of the JAX world-model agents (see the module docstring)."""
 
     policy_aliases = {"MlpPolicy": JaxPolicy, "MultiInputPolicy": JaxPolicy}  # noqa: RUF012
+    policy: JaxPolicy
+    replay_buffer: Any  # the agent's replay_class (SequenceReplay, EpisodeReplay) or None
+    model_size: Any
+    _rollout: Any  # the agent's per-env collection state (None: every env starts an episode)
+    _last_obs: Any
     agent_name = "world model agent"
     allow_discrete = True
     default_n_envs = 1
     nan_allowed_metrics: tuple[str, ...] = ()  # metric prefixes that are NaN by design (not guarded)
+    # What a subclass provides, as class attributes:
+    core: Any = None
+    """The agent's pure core module: ``init_state(config, key)`` and ``set_learning_rate(state, lr)``."""
+    config_class: Any = object
+    """The agent's frozen config dataclass; its fields (less the space-derived ones and
+    ``learning_rate``) are constructor arguments and attributes of the same names."""
+    preset: Callable[..., Any] = staticmethod(lambda model_size, **fields: None)
+    """``preset(model_size, **fields)``: the validated config of a model size with overrides."""
+    space_fields: tuple[str, ...] = ("obs_dim", "action_dim")
+    """Config fields set from the spaces, not by the user."""
+    replay_class: Any = ReplayBuffer
+    window_setting: str = ""
+    """The hyperparameter whose value + 1 is the replay's window length (its sampled rows)."""
+    stateless_predict_consequence = "forgets its state between such calls"
+
+    @classmethod
+    def hyperparameter_names(cls) -> tuple[str, ...]:
+        """The agent's own constructor arguments stored as attributes: ``model_size`` and its config's
+        user-set fields (the SB3 arguments such as ``learning_rate`` are SB3's attributes)."""
+        fields = getattr(cls.config_class, "__dataclass_fields__", {})
+        own = [f for f in fields if f not in cls.space_fields and f != "learning_rate"]
+        return ("model_size", *own, *cls.extra_hyperparameters)
+
+    extra_hyperparameters: tuple[str, ...] = ()
+    """Constructor arguments stored as attributes that are not config fields."""
+
+    @classmethod
+    def _hyperparameters(cls, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The hyperparameters among a constructor's ``locals()``."""
+        return {name: arguments[name] for name in cls.hyperparameter_names() if name in arguments}
 
     def __init__(
         self,
-        policy: Any = "MlpPolicy",
-        env: Any = None,
-        learning_rate: Any = 1e-4,
-        buffer_size: int = 1_000_000,
-        learning_starts: int = 0,
-        batch_size: int = 16,
+        policy: Any,
+        env: Any,
+        hyperparameters: dict[str, Any],
+        *,
+        learning_rate: Any,
+        buffer_size: int,
+        learning_starts: int,
+        batch_size: int,
+        gamma: float,
+        tau: float,
         n_envs: int | None = None,
+        action_repeat: int = 1,
         policy_kwargs: dict | None = None,
         stats_window_size: int = 100,
         tensorboard_log: str | None = None,
@@ -293,7 +339,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             raise ValueError(_unknown_name_message(policy, self.policy_aliases))
         if n_envs is not None and (isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs < 1):
             raise ValueError(f"n_envs must be a positive integer (or None for the default), got {n_envs!r}.")
-        repeat = getattr(self, "action_repeat", 1)
+        repeat = action_repeat
         if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
             raise ValueError(f"action_repeat must be an integer >= 1 (1: no repeat), got {repeat!r}.")
         if action_noise is not None:
@@ -322,7 +368,10 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
                 "sized by the constructor's own arguments (model_size and the width settings of the "
                 "config), not by net_arch or activation_fn."
             )
-        self.n_envs_requested = n_envs
+        # The agent's hyperparameters (its config fields and model_size) are attributes, so that a
+        # loaded model or rl_zoo3 can override them; the config is built from them.
+        self.__dict__.update(hyperparameters)
+        self.action_repeat = action_repeat
         self.allow_vecnormalize_obs = allow_vecnormalize_obs
         if isinstance(env, gym.vector.VectorEnv):
             env = vec_env_from_gymnasium(env)
@@ -332,7 +381,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
                     env,
                     n_envs=n_envs or self.default_n_envs,
                     seed=seed,
-                    wrapper_class=ActionRepeat if repeat > 1 else None,
+                    wrapper_class=ActionRepeat if repeat > 1 else None,  # type: ignore[arg-type]
                     wrapper_kwargs={"repeat": repeat} if repeat > 1 else None,
                 )
             else:
@@ -352,10 +401,8 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             buffer_size=buffer_size,
             learning_starts=learning_starts,
             batch_size=batch_size,
-            # OffPolicyAlgorithm stores its ``tau`` as self.tau: hand it the agent's own (TD-MPC2's
-            # target-Q rate, set before this call) so it is not overwritten.
-            tau=getattr(self, "tau", 1.0),
-            gamma=0.99,
+            tau=tau,
+            gamma=gamma,
             train_freq=(1, "step"),
             gradient_steps=-1,
             action_noise=None,
@@ -373,7 +420,6 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             sde_support=False,
             supported_action_spaces=(spaces.Box, spaces.Discrete) if self.allow_discrete else (spaces.Box,),
         )
-        self.requested_device = device
         if self.env is not None:
             self._check_env(self.env)
         if _init_setup_model:
@@ -416,10 +462,12 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             self.action_space, self.agent_name, self.allow_discrete
         )
         self.policy = JaxPolicy(self.observation_space, self.action_space)
+        self._resolve_config_defaults()
+        self._config = self.config
         self.policy.state = self._build_state()
         self.policy.algorithm_predict = self.predict
         # SB3 code reads ``model.gamma`` (e.g. for n-step returns or logging): the agent's own discount.
-        self.gamma = self._discount()
+        self.gamma = float(self._config.gamma)
         self._convert_train_freq()
         self._rollout = None
         self._predict_calls = 0
@@ -431,17 +479,37 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         if not hasattr(self, "at_episode_boundary"):
             self.at_episode_boundary = True  # every env between episodes (saved with the model)
 
-    def _build_state(self) -> Any:
-        """The agent's initial state pytree (params, optimiser, RNG keys, statistics)."""
-        raise NotImplementedError
+    def _resolve_config_defaults(self) -> None:
+        """Fix hyperparameters whose default depends on the env (called before the config is built)."""
 
-    def _discount(self) -> float:
-        """The discount factor the agent's returns use (called after :meth:`_build_state`)."""
-        raise NotImplementedError
+    @property
+    def config(self) -> Any:
+        """The resolved static configuration, built from the attributes (so that load/zoo overrides
+        apply) and the spaces; fields without a constructor argument keep their defaults."""
+        declared = self.config_class.__dataclass_fields__
+        fields = {name: getattr(self, name) for name in self.hyperparameter_names() if hasattr(self, name)}
+        fields = {name: value for name, value in fields.items() if name in declared}
+        return self.preset(self.model_size, **{**fields, **self._space_config()})
+
+    def _space_config(self) -> dict[str, Any]:
+        """The config fields that follow from the spaces (and any that the agent derives from them)."""
+        return {"obs_dim": self.obs_adapter.dim, "action_dim": self.action_adapter.dim}
+
+    def _build_state(self) -> dict[str, Any]:
+        """The policy's state: the agent's state pytree (params, optimiser, statistics; the static
+        config keeps the default rate, so that every rate shares one compilation, and the optimiser
+        reads the actual rate from the state, set here and at every training call) and the acting
+        and predict RNG keys."""
+        key = jax.random.PRNGKey(0 if self.seed is None else int(self.seed))
+        agent_key, act_key, predict_key = jax.random.split(key, 3)
+        agent = self.core.init_state(self._config, agent_key)
+        agent = self.core.set_learning_rate(agent, float(self.lr_schedule(1.0)))
+        return {"agent": agent, "act_key": act_key, "predict_key": predict_key}
 
     def _excluded_save_params(self) -> list[str]:
         return [
             *super()._excluded_save_params(),
+            "_config",
             "obs_adapter",
             "action_adapter",
             "_rollout",
@@ -532,11 +600,59 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         self._check_replay_buffer(buffer)
         self.replay_buffer = buffer
 
-    def _check_replay_buffer(self, buffer: ReplayBuffer) -> None:
-        """Raise if ``buffer`` was not written by this agent with these spaces and n_envs."""
+    def _check_replay_buffer(self, buffer: Any) -> None:
+        """Raise if ``buffer`` was not written by this agent with these spaces, sizes and n_envs."""
+        if not isinstance(buffer, self.replay_class):
+            raise ValueError(
+                f"This replay buffer was not written by {self.agent_name} (expected a "
+                f"{self.replay_class.__name__})."
+            )
+        if buffer.fields != self._replay_fields() or buffer.n_envs != self.n_envs:
+            raise ValueError(
+                "This replay buffer does not fit the model: it was saved with other spaces, model sizes or "
+                f"n_envs (buffer n_envs={buffer.n_envs}, model n_envs={self.n_envs})."
+            )
+        if buffer.window != self._replay_window:
+            name = self.window_setting
+            raise ValueError(
+                f"This replay buffer samples windows of {buffer.window} rows, but the model trains on "
+                f"{name} + 1 = {self._replay_window}: it was saved with {name}={buffer.window - 1}. "
+                f"Load it into a model with that {name}."
+            )
+
+    @property
+    def _replay_window(self) -> int:
+        """Rows of each sampled replay window."""
+        return int(getattr(self._config, self.window_setting)) + 1
+
+    def _replay_fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Name -> (per-row shape, dtype) of each replay field."""
+        raise NotImplementedError
+
+    def _new_replay(self, capacity: int) -> Any:
+        """An empty replay of this agent holding ``capacity`` rows."""
+        return self.replay_class(
+            capacity,
+            self.observation_space,
+            self.action_space,
+            n_envs=self.n_envs,
+            fields=self._replay_fields(),
+            window=self._replay_window,
+            seed=0 if self.seed is None else int(self.seed),
+            **self._replay_options(),
+        )
+
+    def _replay_options(self) -> dict[str, Any]:
+        """Further keyword arguments of the agent's replay class."""
+        return {}
+
+    @property
+    def replay_bytes_per_seed(self) -> int:
+        """Bytes held by the allocated replay (0 before it is allocated)."""
+        return 0 if self.replay_buffer is None else int(self.replay_buffer.nbytes)
 
     @classmethod
-    def load(
+    def load(  # type: ignore[override]
         cls,
         path: Any,
         env: Any = None,
@@ -627,7 +743,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         ``save`` stores them too."""
         return {"policy": self.policy.state_dict(floats_only=True)}
 
-    def set_parameters(self, load_path_or_dict: Any, exact_match: bool = True, device: str = "auto") -> None:
+    def set_parameters(self, load_path_or_dict: Any, exact_match: bool = True, device: str = "auto") -> None:  # type: ignore[override]
         """SB3's ``set_parameters``; a checkpoint path is read without unpickling (only its weights).
         ``exact_match=False`` accepts a part of the weights: the others keep their values."""
         if isinstance(load_path_or_dict, dict):
@@ -648,16 +764,38 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
     def _setup_learn(
         self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run", progress_bar=False
     ):
+        # The replay is sized and its memory checked before SB3's set-up, so that a refused learn()
+        # changes nothing.
+        replay, reservation = self._replay_for_run(total_timesteps, reset_num_timesteps)
+        check_replay_memory(
+            replay.bytes_to_reserve(reservation), replay.nbytes, "buffer_size", self.agent_name
+        )
         if self._resumed and not reset_num_timesteps and self.num_timesteps > 0:
             self._warn_inexact_resume()
         self._resumed = False
+        last_obs = self._last_obs
         total, callback = super()._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
+        if self._last_obs is not last_obs:  # the envs were reset: every env starts a new episode
+            self._rollout = None
+        replay.reserve(reservation)
+        self.replay_buffer = replay
+        if reset_num_timesteps:
+            self._reset_training_schedule()
         found = list(_walk_callbacks(callback))
         self._wm_callbacks = [c for c in found if isinstance(c, WorldModelCallback)]
         self._eval_callbacks = [c for c in found if isinstance(c, EvalCallback)]
         return total, callback
+
+    def _replay_for_run(self, total_timesteps: int, reset_num_timesteps: bool) -> tuple[Any, int]:
+        """The replay this run writes to (the current one, or a new one) and the argument of its
+        ``reserve``: room for every row the run can write."""
+        raise NotImplementedError
+
+    def _reset_training_schedule(self) -> None:
+        """Forget the updates owed (a run that restarts its step counter)."""
+        raise NotImplementedError
 
     def _warn_inexact_resume(self) -> None:
         """Say why continuing this loaded model will not reproduce the uninterrupted run."""
@@ -797,6 +935,56 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
                 observation = np.asarray(observation)[None]
         return self.obs_adapter.flatten(observation), vectorized
 
+    def _predict_inputs(
+        self, observation: Any, state: Any, episode_start: Any, deterministic: Any
+    ) -> tuple[np.ndarray, bool, list[np.ndarray], np.ndarray]:
+        """The checked inputs of ``predict``: (flat observations (n, O), whether they were a batch, the
+        carried state as float32 arrays (zeros when ``state`` is None), (n,) episode starts)."""
+        obs, vectorized = self._predict_batch(observation)
+        n = obs.shape[0]
+        given_starts = self._check_predict_args(deterministic, episode_start, n)
+        self._count_stateless_predict(state, episode_start)
+        expected = self._predict_state_shapes(n)
+        if state is None:
+            return (
+                obs,
+                vectorized,
+                [np.zeros(shape, np.float32) for shape in expected.values()],
+                np.ones(n, bool),
+            )
+        shapes = [np.shape(s) for s in state] if isinstance(state, (tuple, list)) else None
+        if shapes != list(expected.values()):
+            raise ValueError(
+                f"state must be the ({', '.join(expected)}) tuple that predict returned, with shapes "
+                f"{list(expected.values())} for {n} observations; got {shapes or type(state).__name__}."
+            )
+        carried = [np.asarray(s, np.float32) for s in state]
+        check_finite_arrays(dict(zip(expected, carried, strict=True)), "state", STATE_FIX)
+        return obs, vectorized, carried, np.zeros(n, bool) if given_starts is None else given_starts
+
+    def _predict_state_shapes(self, n: int) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of each array of ``predict``'s state for n observations."""
+        raise NotImplementedError
+
+    def _env_actions(self, actions: np.ndarray, vectorized: bool) -> np.ndarray:
+        """``predict``'s agent actions (n, A) as env actions, refused when not finite."""
+        refuse_non_finite_actions(actions, " in predict")
+        env_actions = self.action_adapter.to_env(actions)
+        return env_actions if vectorized else np.asarray(env_actions[0])  # 0-d for one Discrete action
+
+    def _terminal_observations(self, infos: list[dict], envs: np.ndarray) -> np.ndarray:
+        """(len(envs), O) flat ``terminal_observation`` of the finished episodes of ``envs``."""
+        observations = [infos[i].get("terminal_observation") for i in envs]
+        if any(o is None for o in observations):
+            raise RuntimeError(
+                "The VecEnv did not report info['terminal_observation'] for a finished episode."
+            )
+        if isinstance(observations[0], dict):
+            batch = {k: np.stack([o[k] for o in observations]) for k in observations[0]}
+        else:
+            batch = np.stack(observations)  # type: ignore[assignment]
+        return self.obs_adapter.flatten(batch)
+
     def _predict_keys(self, deterministic: bool, *inputs: np.ndarray) -> jax.Array:
         """(n, 2) PRNG keys for a ``predict`` call on n rows, one per row.
 
@@ -830,7 +1018,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             )
         return starts.reshape(n).astype(bool)
 
-    def _count_stateless_predict(self, state: Any, episode_start: Any, consequence: str) -> None:
+    def _count_stateless_predict(self, state: Any, episode_start: Any) -> None:
         """Warn once per model when ``predict`` is called a second time in a row with neither ``state``
         nor ``episode_start`` (evaluate_policy passes ``episode_start`` from its first call on)."""
         if state is not None or episode_start is not None:
@@ -839,10 +1027,11 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         self._stateless_predicts += 1
         if self._stateless_predicts == 2:
             warnings.warn(
-                f"{type(self).__name__}.predict was called twice without `state`: the agent {consequence}. "
+                f"{type(self).__name__}.predict was called twice without `state`: the agent "
+                f"{self.stateless_predict_consequence}. "
                 "Pass the returned state back, with `episode_start`, as for sb3-contrib's RecurrentPPO "
                 "(evaluate_policy does this).",
-                stacklevel=3,
+                stacklevel=4,
             )
 
     # ------------------------------------------------------------------ training
@@ -859,7 +1048,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         chunks = [per_call] * (owed // per_call) + [1] * (owed % per_call)
         lr = self.current_learning_rate
         state = self.policy.state
-        agent_state = self._with_learning_rate(state["agent"], lr)
+        agent_state = self.core.set_learning_rate(state["agent"], lr)
         all_metrics = []
         done = 0
         for k in chunks:
@@ -911,10 +1100,6 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
     @property
     def _updates_per_call(self) -> int:
         """Updates scanned in one jitted call (one distinct compilation)."""
-        raise NotImplementedError
-
-    def _with_learning_rate(self, agent_state: Any, lr: float) -> Any:
-        """``agent_state`` with the optimiser's learning rate set to ``lr``."""
         raise NotImplementedError
 
     def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict, Callable[[], None]]:

@@ -80,8 +80,8 @@ class ObservationAdapter:
         """Whether ``obs`` carries a leading batch axis (SB3's vectorised-observation test)."""
         if isinstance(self.space, spaces.Dict):
             key = self.keys[0]
-            return np.asarray(obs[key]).ndim > len(self.space.spaces[key].shape)
-        return np.asarray(obs).ndim > len(self.space.shape)
+            return np.asarray(obs[key]).ndim > len(self.space.spaces[key].shape)  # type: ignore[arg-type]
+        return np.asarray(obs).ndim > len(self.space.shape)  # type: ignore[arg-type]
 
     def flatten(self, obs, where: str = "") -> np.ndarray:
         """(n, *shape) or dict of those -> (n, dim) float32; raises on NaN or inf (``where`` is added
@@ -95,7 +95,7 @@ class ObservationAdapter:
             if missing:
                 raise KeyError(f"Observation is missing keys {missing}; expected {list(self.keys)}.")
             parts = [np.asarray(obs[k], dtype=np.float32) for k in self.keys]
-            n = parts[0].shape[0] if parts[0].ndim > len(self.space.spaces[self.keys[0]].shape) else None
+            n = parts[0].shape[0] if parts[0].ndim > len(self.space.spaces[self.keys[0]].shape) else None  # type: ignore[arg-type]
             if n is None:
                 raise ValueError("flatten expects batched observations")
             flat = np.concatenate([p.reshape(n, -1) for p in parts], axis=1)
@@ -181,8 +181,8 @@ class ActionAdapter:
         """(n, dim) agent actions -> env actions: argmax index, or [-1, 1] clipped and rescaled."""
         if self.discrete:
             return np.argmax(action, axis=-1).astype(np.int64)
-        low = self.space.low.astype(np.float64)
-        high = self.space.high.astype(np.float64)
+        low = self.space.low.astype(np.float64)  # type: ignore[attr-defined]
+        high = self.space.high.astype(np.float64)  # type: ignore[attr-defined]
         clipped = np.clip(action, -1.0, 1.0).astype(np.float64)
         return (low + (clipped + 1.0) * 0.5 * (high - low)).astype(self.space.dtype)
 
@@ -191,8 +191,8 @@ class ActionAdapter:
         if self.discrete:
             idx = np.asarray(env_action).reshape(-1).astype(np.int64)
             return np.eye(self.dim, dtype=np.float32)[idx]
-        low = self.space.low.astype(np.float64)
-        high = self.space.high.astype(np.float64)
+        low = self.space.low.astype(np.float64)  # type: ignore[attr-defined]
+        high = self.space.high.astype(np.float64)  # type: ignore[attr-defined]
         a = np.asarray(env_action, dtype=np.float64).reshape(-1, self.dim)
         return (2.0 * (a - low) / (high - low) - 1.0).astype(np.float32)
 

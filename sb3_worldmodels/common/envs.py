@@ -27,7 +27,7 @@ def vec_env_from_gymnasium(env: gym.vector.VectorEnv) -> VecEnv:
     """
     n = env.num_envs
     if isinstance(env, gym.vector.SyncVectorEnv):
-        return DummyVecEnv([(lambda e=e: Monitor(e)) for e in env.envs])
+        return DummyVecEnv([(lambda e=e: Monitor(e)) for e in env.envs])  # type: ignore[misc]
     if isinstance(env, gym.vector.AsyncVectorEnv):
         fns = list(env.env_fns)
         env.close()
@@ -123,7 +123,7 @@ class FlattenDictObservation(gym.ObservationWrapper):
         ):
             raise ValueError(f"FlattenDictObservation needs a Dict of Box spaces, got {space}.")
         self._keys = list(space.spaces)
-        width = sum(int(np.prod(space.spaces[k].shape)) for k in self._keys)
+        width = sum(int(np.prod(space.spaces[k].shape)) for k in self._keys)  # type: ignore[arg-type, misc]
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
 
     def observation(self, observation: dict) -> np.ndarray:

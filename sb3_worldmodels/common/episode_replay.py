@@ -181,7 +181,7 @@ class EpisodeReplay(ReplayBuffer):
             self._stored_steps -= old
         idx = np.arange(self._end, self._end + steps + 1) % self._slots
         for name in self.fields:
-            self._data[name][idx] = np.stack([e[name] for e in entries])
+            self._data[name][idx] = np.stack([e[name] for e in entries])  # type: ignore[index]
         self._episodes.append((self._end, steps))
         self._end += steps + 1
         self._stored_steps += steps
@@ -225,7 +225,7 @@ class EpisodeReplay(ReplayBuffer):
             for i, entries in enumerate(episodes):
                 for name, (shape, dtype) in self.fields.items():
                     empty = np.zeros((0, *shape), dtype)
-                    arrays[f"{group}/{i}/{name}"] = np.stack([e[name] for e in entries]) if entries else empty
+                    arrays[f"{group}/{i}/{name}"] = np.stack([e[name] for e in entries]) if entries else empty  # type: ignore[assignment]
         return arrays, meta
 
     def import_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
@@ -264,7 +264,7 @@ class EpisodeReplay(ReplayBuffer):
         return [{name: stacked[name][k] for name in self.fields} for k in range(n)]
 
     # ------------------------------------------------------------------ sampling
-    def sample(self, batch_size: int, count: int | None = None, env: Any = None) -> dict[str, np.ndarray]:
+    def sample(self, batch_size: int, count: int | None = None, env: Any = None) -> dict[str, np.ndarray]:  # type: ignore[override]
         """``count`` batches (or one, if None) of ``batch_size`` windows, time-major:
         each field (count, window, B, ...) (or (window, B, ...))."""
         if not self._episodes:
@@ -277,5 +277,5 @@ class EpisodeReplay(ReplayBuffer):
         ep = self.rng.integers(0, len(firsts), size=(k, batch_size))
         start = firsts[ep] + (self.rng.random((k, batch_size)) * starts_per[ep]).astype(np.int64)
         idx = (start[:, None, :] + np.arange(self.window)[None, :, None]) % self._slots  # (k, W, B)
-        out = {name: arr[idx] for name, arr in self._data.items()}
+        out = {name: arr[idx] for name, arr in self._data.items()}  # type: ignore[union-attr]
         return out if count is not None else {name: v[0] for name, v in out.items()}

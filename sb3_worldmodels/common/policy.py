@@ -75,7 +75,7 @@ class JaxPolicy(BasePolicy):
         self.training = False
         self.algorithm_predict: Callable[..., Any] | None = None  # set by the algorithm
 
-    def predict(self, observation, state=None, episode_start=None, deterministic: bool = False):  # type: ignore[override]
+    def predict(self, observation, state=None, episode_start=None, deterministic: bool = False):
         """The algorithm's ``predict`` (same arguments and returns)."""
         if self.algorithm_predict is None:
             raise RuntimeError("This policy is not attached to a model: call model.predict().")
@@ -114,7 +114,7 @@ class JaxPolicy(BasePolicy):
             out[PREFIX + key] = th.from_numpy(np.array(value, copy=True))
         return out
 
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # type: ignore[override]
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """Replace the state's leaves by ``state_dict``'s, all checked first (a failure changes nothing).
 
         ``strict``: every float leaf must be given (PRNG keys and counters may be left out: the current

@@ -386,7 +386,7 @@ class SequenceReplay(ReplayBuffer):
         if filled < k:
             draws = self.rng.integers(0, total_items, size=k - filled)
             ends = np.cumsum(items)
-            env = np.searchsorted(ends, draws, side="right")
+            env = np.searchsorted(ends, draws, side="right")  # type: ignore[assignment]
             envs[filled:] = env
             starts[filled:] = first[env] + draws - (ends[env] - items[env])
 

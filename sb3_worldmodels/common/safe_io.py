@@ -322,7 +322,7 @@ def save_npz(target: Any, arrays: Mapping[str, np.ndarray], meta: Mapping[str, A
     """Arrays plus a JSON text of safe values (:func:`encode`) in one ``.npz``, no pickles."""
     if META in arrays:
         raise ValueError(f"{META!r} is reserved")
-    np.savez(target, **{META: np.array(json.dumps(encode(dict(meta))))}, **arrays)
+    np.savez(target, **{META: np.array(json.dumps(encode(dict(meta))))}, **arrays)  # type: ignore[arg-type]
 
 
 def is_zip_file(path: Any) -> bool:

@@ -60,7 +60,7 @@ from sb3_worldmodels.blocks.normalizers import (
     percentile_norm_scale,
     percentile_norm_update,
 )
-from sb3_worldmodels.blocks.optim import laprop, with_learning_rate
+from sb3_worldmodels.blocks.optim import global_norm, laprop, with_learning_rate
 from sb3_worldmodels.dreamerv3 import networks as N
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config
 from sb3_worldmodels.dreamerv3.networks import (
@@ -89,6 +89,7 @@ __all__ = [
     "policy_step",
     "policy_step_jit",
     "sample_noise",
+    "set_learning_rate",
     "train_many",
     "train_many_jit",
     "train_step",
@@ -162,7 +163,7 @@ def make_optimizer(config: DreamerV3Config) -> optax.GradientTransformation:
     )
 
 
-def _bins(config: DreamerV3Config) -> Array:
+def head_bins(config: DreamerV3Config) -> Array:
     return jnp.asarray(symexp_bins(config.bins))
 
 
@@ -201,7 +202,7 @@ def _param_layout(config: DreamerV3Config) -> tuple[Any, list[tuple[tuple[int, .
         std = 0.0
         if names[-1] == "kernel":
             module = names[0] if tree == 0 else "critic"  # tree 1 is the slow critic
-            outscale = N.outscale(module, names[-2])
+            outscale = N.outscale(module, names[-2])  # type: ignore[arg-type]
             std = TRUNC_NORMAL_STD_CORRECTION * outscale / float(np.sqrt(np.prod(leaf.shape[:-1])))
         specs.append((tuple(leaf.shape), std, 1.0 if names[-1] == "scale" else 0.0))
     total = sum(int(np.prod(shape)) for shape, std, _ in specs if std)
@@ -298,7 +299,7 @@ def _critic_trunk(config: DreamerV3Config, p: dict) -> tuple[dict, str, int]:
     return (p, "h", config.critic_layers)
 
 
-def _state_head_trunks(config: DreamerV3Config, params: dict) -> list[tuple[dict, str, int]]:
+def state_head_trunks(config: DreamerV3Config, params: dict) -> list[tuple[dict, str, int]]:
     """The trunks that read a model state: decoder, reward, continue, critic (for :func:`N.mlp_trunks`)."""
     return [
         _trunk(params["dec"], "mlp", config.dec_layers),
@@ -308,7 +309,7 @@ def _state_head_trunks(config: DreamerV3Config, params: dict) -> list[tuple[dict
     ]
 
 
-def _actor(config: DreamerV3Config, actor: dict, feat: Array) -> tuple[Array, Array | None]:
+def actor_distribution(config: DreamerV3Config, actor: dict, feat: Array) -> tuple[Array, Array | None]:
     (hidden,) = N.mlp_trunks(feat, [_actor_trunk(config, actor)])
     return actor_dist(config, *N.actor_out(actor, hidden))
 
@@ -321,20 +322,20 @@ def _critic_logits(config: DreamerV3Config, critic: dict, feat: Array) -> Array:
 def _actor_log_prob(config: DreamerV3Config, dist: tuple[Array, Array | None], action: Array) -> Array:
     if config.discrete:
         return categorical_log_prob(dist[0], action)
-    return normal_log_prob(dist[0], dist[1], action)
+    return normal_log_prob(dist[0], dist[1], action)  # type: ignore[arg-type]
 
 
-def _actor_entropy(config: DreamerV3Config, dist: tuple[Array, Array | None]) -> Array:
+def actor_entropy(config: DreamerV3Config, dist: tuple[Array, Array | None]) -> Array:
     if config.discrete:
         return categorical_entropy(dist[0])
-    return normal_entropy(dist[1])
+    return normal_entropy(dist[1])  # type: ignore[arg-type]
 
 
 def _sample_no_grad(config: DreamerV3Config, dist: tuple[Array, Array | None], noise: Array) -> Array:
     """The forward value of :func:`actor_sample`: the straight-through term p − sg(p) is exactly 0."""
     if config.discrete:
         return onehot_mode(dist[0] + noise)
-    return dist[0] + dist[1] * noise
+    return dist[0] + dist[1] * noise  # type: ignore[operator]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -380,7 +381,7 @@ def policy_step(
             config, key, {"stoch": logits.shape, "action": (logits.shape[0], config.action_dim)}
         )
         stoch = onehot_mode(logits + noise["stoch"])
-    dist = _actor(config, params["actor"], features(deter, stoch))
+    dist = actor_distribution(config, params["actor"], features(deter, stoch))
     if deterministic:
         action = actor_mode(config, dist)
     else:
@@ -440,7 +441,7 @@ def sample_noise(config: DreamerV3Config, key: Array, batch_size: int, length: i
     return Noise(post=noise["post"], imag_stoch=noise["imag_stoch"], imag_action=noise["action"])
 
 
-def _observe(
+def observe(
     config: DreamerV3Config,
     dyn: dict,
     start: Carry,
@@ -465,7 +466,13 @@ def _observe(
         deter, blocks, stoch = carry
         act, emb, k, gumbel = xs
         deter, blocks = N.rssm_core_blocks(
-            config, p, deter * k[:, None], blocks * k[:, None], stoch * k[:, None, None], None, act
+            config,
+            p,
+            deter * k[:, None],
+            blocks * k[:, None],
+            stoch * k[:, None, None],
+            None,  # type: ignore[arg-type]
+            act,
         )
         logits = N.rssm_posterior(config, p, deter, emb)
         stoch = sample_onehot(logits, gumbel)
@@ -473,12 +480,12 @@ def _observe(
 
     xs = tuple(jnp.swapaxes(x, 0, 1) for x in (dynin2, embed, keep, noise))
     carry = (start.deter, N.to_blocks(config, start.deter), start.stoch)
-    _, outs = jax.lax.scan(step, carry, xs)
-    return tuple(jnp.swapaxes(x, 0, 1) for x in outs)
+    _, outs = jax.lax.scan(step, carry, xs)  # type: ignore[arg-type]
+    return tuple(jnp.swapaxes(x, 0, 1) for x in outs)  # type: ignore[return-value]
 
 
 class _Imagined(NamedTuple):
-    """An imagined rollout, time-major (see :func:`_imagine`)."""
+    """An imagined rollout, time-major (see :func:`imagine`)."""
 
     feat: Array
     """(H, N, F) features of the states 0..H−1 (state 0 is the start)."""
@@ -502,7 +509,7 @@ class _Imagined(NamedTuple):
     """(N, F) features of the last state H."""
 
 
-def _imagine(
+def imagine(
     config: DreamerV3Config, params: dict, deter: Array, stoch: Array, noise: Noise, heads: dict | None = None
 ) -> _Imagined:
     """Imagination from N start states over H steps (§7.3), entirely without gradient.
@@ -523,7 +530,7 @@ def _imagine(
     """
     params, heads = sg(params), sg(heads)
     dyn, actor = N.rssm_prepare(config, params["dyn"]), params["actor"]
-    bins = _bins(config)
+    bins = head_bins(config)
 
     def step(carry: tuple[Array, ...], xs: tuple[Array, Array]) -> tuple[tuple, tuple]:
         deter, blocks, stoch = carry
@@ -544,7 +551,7 @@ def _imagine(
             slow = N.head_out(heads["slow"], hidden[1])
             rew = N.head_out(heads["rew"], hidden[2])
             con = N.head_out(heads["con"], hidden[3])[..., 0]
-            outs = (slow, rew, con, twohot_mean(slow, bins), twohot_mean(rew, bins), jax.nn.sigmoid(con))
+            outs = (slow, rew, con, twohot_mean(slow, bins), twohot_mean(rew, bins), jax.nn.sigmoid(con))  # type: ignore[assignment]
         deter, blocks = N.rssm_core_blocks(config, dyn, deter, blocks, stoch, action)
         logits = N.rssm_prior(config, dyn, deter)
         stoch = onehot_mode(logits + latent_noise)
@@ -553,7 +560,7 @@ def _imagine(
     deter, stoch = sg(deter), sg(stoch)
     carry = (deter, N.to_blocks(config, deter), stoch)
     (deter, _, stoch), outs = jax.lax.scan(step, carry, (noise.imag_stoch, noise.imag_action[:-1]))
-    return _Imagined(*outs, last=features(deter, stoch))
+    return _Imagined(*outs, last=features(deter, stoch))  # type: ignore[misc]
 
 
 def predict_rollout(
@@ -576,8 +583,8 @@ def predict_rollout(
         head's probability, "value" (n,) the critic's mean at the last state, "deter" (n, T, D).
     """
     dyn = N.rssm_prepare(config, params["dyn"])
-    bins = _bins(config)
-    trunks = _state_head_trunks(config, params)
+    bins = head_bins(config)
+    trunks = state_head_trunks(config, params)
 
     def step(carry: tuple[Array, Array, Array], action: Array) -> tuple[tuple, tuple]:
         deter, blocks, stoch = carry
@@ -635,11 +642,11 @@ def loss_fn(
     How the work is laid out (the math is that of the spec): heads that read the same features
     share one matmul for their first layers (decoder, reward, continue and critic on the replay
     features; actor and critic on the imagined ones); the heads whose imagined outputs carry no
-    gradient (slow critic, reward, continue) run inside the imagination scan (:func:`_imagine`);
+    gradient (slow critic, reward, continue) run inside the imagination scan (:func:`imagine`);
     imagined tensors are time-major (H, N, ...); each head runs only on the imagined states the loss
     reads, and the diagnostics' other rows are computed apart (dropped under jit when unused).
     """
-    bins = _bins(config)
+    bins = head_bins(config)
     f32 = jnp.float32
     nog = sg({"slow": slow_critic, "rew": params["rew"], "con": params["con"], "critic": params["critic"]})
 
@@ -660,10 +667,10 @@ def loss_fn(
 
     # World model (§3-§6) and the replay critic's logits (§7.9), all heads on the posterior features.
     embed = N.encode(config, params["enc"], obs)
-    deter, stoch, post = _observe(config, params["dyn"], start, prev_action, embed, is_first, noise.post)
+    deter, stoch, post = observe(config, params["dyn"], start, prev_action, embed, is_first, noise.post)
     prior = N.rssm_prior(config, params["dyn"], deter)
     feat = features(deter, stoch)
-    dec_h, rew_h, con_h, critic_h = N.mlp_trunks(feat, _state_head_trunks(config, params))
+    dec_h, rew_h, con_h, critic_h = N.mlp_trunks(feat, state_head_trunks(config, params))
     dec_out = N.decode(config, params["dec"], dec_h)
     rew_logits = N.head_out(params["rew"], rew_h)
     con_logits = N.head_out(params["con"], con_h)[..., 0]
@@ -681,7 +688,7 @@ def loss_fn(
 
     # Imagination from all B·T posterior states (§7.3), time-major, annotated (§7.4).
     n = b * t
-    img = _imagine(
+    img = imagine(
         config,
         {"dyn": params["dyn"], "actor": params["actor"]},
         deter.reshape(n, -1),
@@ -727,7 +734,7 @@ def loss_fn(
     ret_offset, ret_scale = percentile_norm_scale(retnorm, config.retnorm_limit)
     adv = sg((ret - value[:, :-1]) / ret_scale)
     log_pi = _actor_log_prob(config, dist, img.action).T
-    entropy = _actor_entropy(config, dist).T
+    entropy = actor_entropy(config, dist).T
     losses["actor"] = -weight[:, :-1] * (log_pi * adv + config.actent * entropy)
     critic_lp = twohot_log_prob(critic_logits, ret.T, bins)
     critic_lp += config.slowreg * twohot_log_prob(critic_logits, slow_value, bins)
@@ -757,7 +764,7 @@ def loss_fn(
 
     metrics = {f"{k}_loss": v for k, v in means.items()}
     metrics.update(
-        loss=total,
+        loss=total,  # type: ignore[arg-type]
         retnorm_scale=ret_scale,
         retnorm_low=retnorm.low,
         retnorm_high=retnorm.high,
@@ -785,7 +792,7 @@ def loss_fn(
 
     # Diagnostics, batch-major with all H+1 steps (unused under jit, they cost nothing).
     d = config.deter
-    last_dist = _actor(config, sg(params["actor"]), last_feat)
+    last_dist = actor_distribution(config, sg(params["actor"]), last_feat)
     last_action = _sample_no_grad(config, last_dist, noise.imag_action[-1])
     last_slow_logits = _critic_logits(config, nog["slow"], last_feat)
     img_all_feat = jnp.concatenate([img_feat, last_feat[None]], 0)
@@ -813,7 +820,8 @@ def loss_fn(
         "img_cont": img_cont,
         "img_weight": weight,
         "img_actor": tuple(
-            None if x is None else _batch_major(x, y) for x, y in zip(dist, last_dist, strict=True)
+            None if x is None else _batch_major(x, y)  # type: ignore[arg-type]
+            for x, y in zip(dist, last_dist, strict=True)
         ),
         "img_critic_logits": _batch_major(critic_logits, last_critic_logits),
         "img_slow_logits": _batch_major(img.slow_logits, last_slow_logits),
@@ -826,18 +834,12 @@ def loss_fn(
     }
     latents = {"deter": sg(deter), "stoch": jnp.argmax(stoch, -1).astype(jnp.int32)}
     aux = {"metrics": metrics, "retnorm": retnorm, "latents": latents, "internals": internals}
-    return total, aux
+    return total, aux  # type: ignore[return-value]
 
 
 # ------------------------------------------------------------------------------------------------
 # Update
 # ------------------------------------------------------------------------------------------------
-
-
-def _global_norm(tree: Any) -> Array:
-    """‖all leaves‖₂ as one reduction over their concatenation (one reduction per leaf, as in
-    ``optax.tree.norm``, is one more kernel per leaf to compile)."""
-    return jnp.linalg.norm(jnp.concatenate([x.reshape(-1) for x in jax.tree_util.tree_leaves(tree)]))
 
 
 def update_with_noise(
@@ -856,9 +858,9 @@ def update_with_noise(
     slow_critic = ema_update(state.slow_critic, params["critic"], config.slow_rate, state.updates == 0)
     metrics = dict(aux["metrics"])
     metrics.update(
-        grad_norm=_global_norm(grads),
-        update_norm=_global_norm(updates),
-        param_norm=_global_norm(state.params),
+        grad_norm=global_norm(grads),
+        update_norm=global_norm(updates),
+        param_norm=global_norm(state.params),
     )
     new_state = DreamerState(
         params=params,
@@ -909,6 +911,11 @@ def train_many(
 
     state, (metrics, latents) = jax.lax.scan(body, state, batches)
     return state, metrics, latents
+
+
+def set_learning_rate(state: DreamerState, learning_rate: float) -> DreamerState:
+    """``state`` with the optimiser's learning rate set (a () float32 array: no retrace)."""
+    return with_learning_rate(state, learning_rate)
 
 
 policy_step_jit = agent_jit(policy_step, static_argnames=("deterministic",))

@@ -3,27 +3,26 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sb3_worldmodels.blocks.optim import with_learning_rate
 from sb3_worldmodels.common.base import (
-    STATE_FIX,
     WorldModelAlgorithm,
     pad_rows,
     padded_rows,
     refuse_foreign_keywords,
-    refuse_non_finite_actions,
     take_sb3_alias,
 )
-from sb3_worldmodels.common.boundary import check_finite_arrays
-from sb3_worldmodels.common.replay import SequenceReplay, check_replay_memory
+from sb3_worldmodels.common.replay import SequenceReplay
 from sb3_worldmodels.common.schedule import RatioSchedule
 from sb3_worldmodels.dreamerv3 import agent as core
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config, preset
+
+_D = DreamerV3Config()  # the constructor's defaults are the config's
 
 
 class _Pending(NamedTuple):
@@ -37,13 +36,6 @@ class _RolloutState(NamedTuple):
     carry: core.Carry  # per-env recurrent state of the acting policy (device)
     pending: _Pending
     latent: tuple[np.ndarray, np.ndarray] | None  # posterior (deter, stoch) of the current rows
-
-
-_CONFIG_FIELDS = tuple(
-    f
-    for f in DreamerV3Config.__dataclass_fields__
-    if f not in ("obs_dim", "action_dim", "discrete", "learning_rate")
-)
 
 
 SB3_HINTS = {
@@ -73,8 +65,9 @@ class DreamerV3(WorldModelAlgorithm):
     ``units``/``deter``/``hidden``/``classes`` override it. ``learning_rate`` is a float or an SB3
     schedule of the progress remaining; the 1,000-update warmup multiplies it.
 
-    :param replay_capacity: rows kept over all envs (Table 4: 5e6); the replay is allocated by
-        ``learn`` for at most the rows that the run can write (``replay_bytes_per_seed`` gives its size).
+    :param buffer_size: replay rows kept over all envs (the reference's ``replay.size``, 5e6,
+        configs.yaml:12@2411f7d); the replay is allocated by ``learn`` for at most the rows that the run
+        can write (``replay_bytes_per_seed`` gives its size).
     :param learning_starts: SB3's meaning: rows of uniform random actions before the policy acts, and
         no update before them (0 in the reference, which has no such phase; its ``train_fill`` only
         delays training: pass ``train_fill``).
@@ -86,6 +79,13 @@ class DreamerV3(WorldModelAlgorithm):
     agent_name = "DreamerV3"
     allow_discrete = True
     default_n_envs = 16
+    core = core
+    config_class = DreamerV3Config
+    preset = staticmethod(preset)
+    space_fields = ("obs_dim", "action_dim", "discrete", "obs_keys")
+    replay_class = SequenceReplay
+    window_setting = "batch_length"
+    stateless_predict_consequence = "is recurrent and forgets everything between such calls"
     nan_allowed_metrics = ("constats/", "rewstats/")  # NaN when a batch has no rare row (reference too)
 
     def __init__(
@@ -98,52 +98,51 @@ class DreamerV3(WorldModelAlgorithm):
         deter: int | None = None,
         hidden: int | None = None,
         classes: int | None = None,
-        stoch: int = 32,
-        blocks: int = 8,
-        enc_layers: int = 3,
-        dec_layers: int = 3,
-        rew_layers: int = 1,
-        con_layers: int = 1,
-        actor_layers: int = 3,
-        critic_layers: int = 3,
-        bins: int = 255,
-        free_nats: float = 1.0,
-        unimix: float = 0.01,
-        actor_unimix: float = 0.01,
-        dyn_scale: float = 1.0,
-        rep_scale: float = 0.1,
-        rec_scale: float = 1.0,
-        rew_scale: float = 1.0,
-        con_scale: float = 1.0,
-        actor_scale: float = 1.0,
-        critic_scale: float = 1.0,
-        repval_scale: float = 0.3,
-        train_ratio: float = 512,
-        train_fill: int = 0,
-        batch_size: int = 16,
-        batch_length: int = 64,
-        imag_horizon: int = 15,
-        return_horizon: float = 333,
-        lam: float = 0.95,
-        repval_lam: float = 0.95,
-        actent: float = 3e-4,
-        slowreg: float = 1.0,
-        slow_rate: float = 0.02,
-        retnorm_rate: float = 0.01,
-        retnorm_limit: float = 1.0,
-        minstd: float = 0.1,
-        maxstd: float = 1.0,
-        learning_rate: Any = 4e-5,
-        agc: float = 0.3,
-        agc_pmin: float = 1e-3,
-        beta1: float = 0.9,
-        beta2: float = 0.999,
-        eps: float = 1e-20,
-        warmup: int = 1000,
-        weight_decay: float = 0.0,
-        matmul_precision: str = "float32",
-        replay_capacity: int = 5_000_000,
-        episode_length: int = 1000,
+        stoch: int = _D.stoch,
+        blocks: int = _D.blocks,
+        enc_layers: int = _D.enc_layers,
+        dec_layers: int = _D.dec_layers,
+        rew_layers: int = _D.rew_layers,
+        con_layers: int = _D.con_layers,
+        actor_layers: int = _D.actor_layers,
+        critic_layers: int = _D.critic_layers,
+        bins: int = _D.bins,
+        free_nats: float = _D.free_nats,
+        unimix: float = _D.unimix,
+        actor_unimix: float = _D.actor_unimix,
+        dyn_scale: float = _D.dyn_scale,
+        rep_scale: float = _D.rep_scale,
+        rec_scale: float = _D.rec_scale,
+        rew_scale: float = _D.rew_scale,
+        con_scale: float = _D.con_scale,
+        actor_scale: float = _D.actor_scale,
+        critic_scale: float = _D.critic_scale,
+        repval_scale: float = _D.repval_scale,
+        train_ratio: float = _D.train_ratio,
+        train_fill: int = _D.train_fill,
+        batch_size: int = _D.batch_size,
+        batch_length: int = _D.batch_length,
+        imag_horizon: int = _D.imag_horizon,
+        return_horizon: float = _D.return_horizon,
+        lam: float = _D.lam,
+        repval_lam: float = _D.repval_lam,
+        actent: float = _D.actent,
+        slowreg: float = _D.slowreg,
+        slow_rate: float = _D.slow_rate,
+        retnorm_rate: float = _D.retnorm_rate,
+        retnorm_limit: float = _D.retnorm_limit,
+        minstd: float = _D.minstd,
+        maxstd: float = _D.maxstd,
+        learning_rate: Any = _D.learning_rate,
+        agc: float = _D.agc,
+        agc_pmin: float = _D.agc_pmin,
+        beta1: float = _D.beta1,
+        beta2: float = _D.beta2,
+        eps: float = _D.eps,
+        warmup: int = _D.warmup,
+        weight_decay: float = _D.weight_decay,
+        matmul_precision: str = _D.matmul_precision,
+        buffer_size: int = 5_000_000,
         action_repeat: int = 1,
         learning_starts: int = 0,
         policy_kwargs: dict | None = None,
@@ -156,57 +155,28 @@ class DreamerV3(WorldModelAlgorithm):
         **sb3_kwargs: Any,
     ) -> None:
         sb3_kwargs = dict(sb3_kwargs)
-        replay_capacity = take_sb3_alias(
-            sb3_kwargs, "buffer_size", "replay_capacity", replay_capacity, 5_000_000
-        )
         return_horizon = take_sb3_alias(
-            sb3_kwargs, "gamma", "return_horizon", return_horizon, 333, convert=horizon_from_gamma
-        )
-        slow_rate = take_sb3_alias(sb3_kwargs, "tau", "slow_rate", slow_rate, 0.02)
-        refuse_foreign_keywords(type(self), sb3_kwargs, SB3_HINTS)
-        self.model_size = model_size
-        self.units, self.deter, self.hidden, self.classes = units, deter, hidden, classes
-        self.stoch, self.blocks = stoch, blocks
-        self.enc_layers, self.dec_layers, self.rew_layers, self.con_layers = (
-            enc_layers,
-            dec_layers,
-            rew_layers,
-            con_layers,
-        )
-        self.actor_layers, self.critic_layers, self.bins = actor_layers, critic_layers, bins
-        self.free_nats, self.unimix, self.actor_unimix = free_nats, unimix, actor_unimix
-        self.dyn_scale, self.rep_scale, self.rec_scale = dyn_scale, rep_scale, rec_scale
-        self.rew_scale, self.con_scale, self.actor_scale = rew_scale, con_scale, actor_scale
-        self.critic_scale, self.repval_scale = critic_scale, repval_scale
-        self.train_ratio, self.train_fill, self.batch_length = train_ratio, train_fill, batch_length
-        self.imag_horizon, self.return_horizon, self.lam, self.repval_lam = (
-            imag_horizon,
+            sb3_kwargs,
+            "gamma",
+            "return_horizon",
             return_horizon,
-            lam,
-            repval_lam,
+            _D.return_horizon,
+            convert=horizon_from_gamma,
         )
-        self.actent, self.slowreg, self.slow_rate = actent, slowreg, slow_rate
-        self.retnorm_rate, self.retnorm_limit, self.minstd, self.maxstd = (
-            retnorm_rate,
-            retnorm_limit,
-            minstd,
-            maxstd,
-        )
-        self.agc, self.agc_pmin, self.beta1, self.beta2, self.eps = agc, agc_pmin, beta1, beta2, eps
-        self.warmup, self.weight_decay, self.matmul_precision = warmup, weight_decay, matmul_precision
-        self.replay_capacity, self.episode_length, self.action_repeat = (
-            replay_capacity,
-            episode_length,
-            action_repeat,
-        )
+        slow_rate = take_sb3_alias(sb3_kwargs, "tau", "slow_rate", slow_rate, _D.slow_rate)
+        refuse_foreign_keywords(type(self), sb3_kwargs, SB3_HINTS)
         super().__init__(
-            policy=policy,
-            env=env,
+            policy,
+            env,
+            self._hyperparameters(locals()),
             learning_rate=learning_rate,
-            buffer_size=replay_capacity,
+            buffer_size=buffer_size,
             learning_starts=learning_starts,
             batch_size=batch_size,
+            gamma=1.0 - 1.0 / return_horizon,
+            tau=slow_rate,
             n_envs=n_envs,
+            action_repeat=action_repeat,
             policy_kwargs=policy_kwargs,
             stats_window_size=stats_window_size,
             tensorboard_log=tensorboard_log,
@@ -218,57 +188,24 @@ class DreamerV3(WorldModelAlgorithm):
         )
 
     # ------------------------------------------------------------------ set-up
-    @property
-    def config(self) -> DreamerV3Config:
-        """The resolved static configuration (from the attributes, so load/zoo overrides apply)."""
-        # Fields without a constructor argument (e.g. img_layers) keep their reference defaults.
-        fields = {f: getattr(self, f) for f in _CONFIG_FIELDS if hasattr(self, f)}
-        return preset(
-            self.model_size,
-            obs_dim=self.obs_adapter.dim,
-            action_dim=self.action_adapter.dim,
-            discrete=self.action_adapter.discrete,
-            obs_keys=self.obs_adapter.decoder_keys,
-            **fields,
-        )
-
-    def _build_state(self) -> dict[str, Any]:
-        self._config = self.config
-        seed = 0 if self.seed is None else int(self.seed)
-        key = jax.random.PRNGKey(seed)
-        agent_key, act_key, predict_key = jax.random.split(key, 3)
-        if not hasattr(self, "_schedule"):  # a loaded model keeps its saved schedule
-            self._reset_schedule()
-        # The static config keeps the default rate (so every rate shares one compilation); the
-        # optimiser reads the actual rate from its state, set here and at every training call.
-        agent = with_learning_rate(core.init_state(self._config, agent_key), float(self.lr_schedule(1.0)))
+    def _space_config(self) -> dict[str, Any]:
         return {
-            "agent": agent,
-            "act_key": act_key,
-            "predict_key": predict_key,
+            **super()._space_config(),
+            "discrete": self.action_adapter.discrete,
+            "obs_keys": self.obs_adapter.decoder_keys,
         }
-
-    def _discount(self) -> float:
-        return float(self._config.gamma)
-
-    def _reset_schedule(self) -> None:
-        self._schedule = RatioSchedule(
-            self._config.train_ratio, self._config.batch_size, self._config.batch_length
-        )
-        self._rows = 0
-
-    def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "_config"]
 
     def _setup_model(self) -> None:
         super()._setup_model()
-        self._config = self.config
         self._pending_updates = 0
+        if not hasattr(self, "_schedule"):  # a loaded model keeps its saved schedule
+            self._reset_training_schedule()
+        self._schedule.train_fill = self._config.train_fill  # the attribute may have been overridden
 
-    @property
-    def replay_bytes_per_seed(self) -> int:
-        """Bytes held by the allocated replay (0 before ``learn``)."""
-        return 0 if self.replay_buffer is None else int(self.replay_buffer.nbytes)
+    def _reset_training_schedule(self) -> None:
+        cfg = self._config
+        self._schedule = RatioSchedule(cfg.train_ratio, cfg.batch_size, cfg.batch_length, cfg.train_fill)
+        self._rows = 0
 
     def _replay_fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         cfg = self._config
@@ -283,50 +220,12 @@ class DreamerV3(WorldModelAlgorithm):
             "stoch": ((cfg.stoch,), np.dtype(np.int32)),
         }
 
-    def _check_replay_buffer(self, buffer: Any) -> None:
-        if not isinstance(buffer, SequenceReplay):
-            raise ValueError("This replay buffer was not written by DreamerV3 (expected a SequenceReplay).")
-        if buffer.fields != self._replay_fields() or buffer.n_envs != self.n_envs:
-            raise ValueError(
-                "This replay buffer does not fit the model: it was saved with other spaces, model sizes or "
-                f"n_envs (buffer n_envs={buffer.n_envs}, model n_envs={self.n_envs})."
-            )
-        if buffer.window != self._config.batch_length + 1:
-            raise ValueError(
-                f"This replay buffer samples windows of {buffer.window} rows, but the model trains on "
-                f"batch_length + 1 = {self._config.batch_length + 1}: it was saved with "
-                f"batch_length={buffer.window - 1}. Load it into a model with that batch_length."
-            )
-
-    def _setup_learn(
-        self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run", progress_bar=False
-    ):
-        # Checked before SB3's set-up, so that a refused learn() changes nothing. Rows this run can
-        # still write per env: its share of the new rows, plus one reset row per episode at most (an
-        # episode has at least one step) and a vector step of slack.
-        replay = self.replay_buffer if self.replay_buffer is not None else self._new_replay()
+    def _replay_for_run(self, total_timesteps: int, reset_num_timesteps: bool) -> tuple[SequenceReplay, int]:
+        # Rows this run can still write per env: its share of the new rows, plus one reset row per
+        # episode at most (an episode has at least one step) and a vector step of slack.
+        replay = self.replay_buffer if self.replay_buffer is not None else self._new_replay(self.buffer_size)
         rows = replay.rows_per_env.max(initial=0) + math.ceil(max(0, total_timesteps) / self.n_envs) + 2
-        check_replay_memory(replay.bytes_to_reserve(rows), replay.nbytes, "replay_capacity", self.agent_name)
-        total, callback = super()._setup_learn(
-            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
-        )
-        replay.reserve(rows)
-        self.replay_buffer = replay
-        if reset_num_timesteps:
-            self._rollout = None
-            self._reset_schedule()
-        return total, callback
-
-    def _new_replay(self) -> SequenceReplay:
-        return SequenceReplay(
-            self.replay_capacity,
-            self.observation_space,
-            self.action_space,
-            n_envs=self.n_envs,
-            fields=self._replay_fields(),
-            window=self._config.batch_length + 1,
-            seed=0 if self.seed is None else int(self.seed),
-        )
+        return replay, rows
 
     # ------------------------------------------------------------------ collection
     def _new_rollout(self, n: int) -> _RolloutState:
@@ -414,27 +313,15 @@ class DreamerV3(WorldModelAlgorithm):
         next_reward = np.where(dones, 0.0, rewards).astype(np.float32)
         self._rollout = roll._replace(pending=_Pending(next_reward, np.asarray(dones, bool).copy()))
 
-    def _terminal_observations(self, infos: list[dict], done_envs: np.ndarray) -> np.ndarray:
-        observations = [infos[i].get("terminal_observation") for i in done_envs]
-        if any(o is None for o in observations):
-            raise RuntimeError(
-                "The VecEnv did not report info['terminal_observation'] for a finished episode."
-            )
-        if isinstance(observations[0], dict):
-            batch = {k: np.stack([o[k] for o in observations]) for k in observations[0]}
-        else:
-            batch = np.stack(observations)
-        return self.obs_adapter.flatten(batch)
-
     def _advance_schedule(self, items_after_rows: np.ndarray) -> None:
         """Count the rows just added (with the replay's item count after each) and add the updates
-        the reference's ratio owes, row by row, once the replay holds ``batch_size`` windows."""
-        for items in items_after_rows:
-            self._rows += 1
-            # train_fill is the reference's gate (step >= train_fill); learning_starts is SB3's.
-            trainable = self._rows >= self._config.train_fill and self._rows > self.learning_starts
-            if trainable and items >= self._config.batch_size:
-                self._pending_updates += self._schedule(self._rows)
+        the reference's ratio owes, row by row, on the rows where training may run: the reference's
+        gate (``batch_size`` items in the replay, ``step >= train_fill``) and SB3's
+        ``learning_starts`` (no update during the random-action rows)."""
+        steps = self._rows + np.arange(1, len(items_after_rows) + 1)
+        self._rows += len(items_after_rows)
+        may_train = self._schedule.gate(steps, items_after_rows) & (steps > self.learning_starts)
+        self._pending_updates += self._schedule.updates_for_rows(steps, may_train)
 
     # ------------------------------------------------------------------ training
     @property
@@ -445,10 +332,7 @@ class DreamerV3(WorldModelAlgorithm):
         owed, self._pending_updates = self._pending_updates, 0
         return owed
 
-    def _with_learning_rate(self, agent_state: Any, lr: float) -> Any:
-        return with_learning_rate(agent_state, lr)
-
-    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict]:
+    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict, Callable[[], None]]:
         batch, envs, starts = self.replay_buffer.sample(self._config.batch_size, count=k)
         batch = {name: jnp.asarray(value) for name, value in batch.items()}
         agent_state, metrics, latents = core.train_many_jit(self._config, agent_state, batch)
@@ -471,33 +355,10 @@ class DreamerV3(WorldModelAlgorithm):
         Uses its own RNG stream: training and collection are never touched. Calling it again without
         the returned state restarts the agent's memory every step: that warns once per model.
         """
-        obs, vectorized = self._predict_batch(observation)
-        n = obs.shape[0]
-        given_starts = self._check_predict_args(deterministic, episode_start, n)
-        self._count_stateless_predict(
-            state, episode_start, "is recurrent and forgets everything between such calls"
+        obs, vectorized, carry, starts = self._predict_inputs(
+            observation, state, episode_start, deterministic
         )
-        cfg = self._config
-        if state is None:
-            carry = [
-                np.zeros((n, cfg.deter), np.float32),
-                np.zeros((n, cfg.stoch, cfg.classes), np.float32),
-                np.zeros((n, cfg.action_dim), np.float32),
-            ]
-            starts = np.ones(n, bool)
-        else:
-            expected = [(n, cfg.deter), (n, cfg.stoch, cfg.classes), (n, cfg.action_dim)]
-            shapes = [np.shape(s) for s in state] if isinstance(state, (tuple, list)) else None
-            if shapes != expected:
-                raise ValueError(
-                    f"state must be the (deter, stoch, previous action) tuple that predict returned, with "
-                    f"shapes {expected} for {n} observations; got {shapes or type(state).__name__}."
-                )
-            carry = [np.asarray(s, np.float32) for s in state]
-            check_finite_arrays(
-                dict(zip(("deter", "stoch", "action"), carry, strict=True)), "state", STATE_FIX
-            )
-            starts = np.zeros(n, bool) if given_starts is None else given_starts
+        n = obs.shape[0]
         key = jax.random.fold_in(self.policy.state["predict_key"], self._predict_calls)
         self._predict_calls += 1
         rows = padded_rows(n)  # one compilation per power of two, not per batch size
@@ -510,13 +371,16 @@ class DreamerV3(WorldModelAlgorithm):
             key,
             deterministic=bool(deterministic),
         )
-        action = np.asarray(action)[:n]
-        refuse_non_finite_actions(action, " in predict")
-        env_action = self.action_adapter.to_env(action)
         new_state = tuple(np.asarray(x)[:n] for x in carry)
-        if not vectorized:
-            env_action = np.asarray(env_action[0])  # SB3 gives a 0-d array for one Discrete action
-        return env_action, new_state
+        return self._env_actions(np.asarray(action)[:n], vectorized), new_state
+
+    def _predict_state_shapes(self, n: int) -> dict[str, tuple[int, ...]]:
+        cfg = self._config
+        return {
+            "deter": (n, cfg.deter),
+            "stoch": (n, cfg.stoch, cfg.classes),
+            "action": (n, cfg.action_dim),
+        }
 
     def predict_rollout(self, state: tuple[np.ndarray, ...], actions: Any) -> dict[str, np.ndarray]:
         """What the world model expects if ``actions`` are taken next, open loop (no sampling).

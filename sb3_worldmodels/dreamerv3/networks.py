@@ -322,7 +322,7 @@ def actor_dist(config: DreamerV3Config, out: Array, std_pre: Array | None) -> tu
     """
     if config.discrete:
         return unimix_logits(out, config.actor_unimix), None
-    return normal_head(out, std_pre, config.minstd, config.maxstd)
+    return normal_head(out, std_pre, config.minstd, config.maxstd)  # type: ignore[arg-type]
 
 
 def actor_sample(config: DreamerV3Config, dist: tuple[Array, Array | None], noise: Array) -> Array:
@@ -334,7 +334,7 @@ def actor_sample(config: DreamerV3Config, dist: tuple[Array, Array | None], nois
     if config.discrete:
         return sample_onehot(dist[0], noise)
     mean, std = dist
-    return mean + std * noise
+    return mean + std * noise  # type: ignore[operator]
 
 
 def actor_mode(config: DreamerV3Config, dist: tuple[Array, Array | None]) -> Array:

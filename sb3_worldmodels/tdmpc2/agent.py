@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sb3_worldmodels.blocks.jit import agent_jit
 from sb3_worldmodels.blocks.math import symlog_twohot_log_prob
 from sb3_worldmodels.blocks.normalizers import (
     RunningScaleState,
@@ -29,6 +30,7 @@ from sb3_worldmodels.blocks.normalizers import (
     running_scale_init,
     running_scale_update,
 )
+from sb3_worldmodels.blocks.optim import squared_global_norm
 from sb3_worldmodels.tdmpc2 import networks as N
 from sb3_worldmodels.tdmpc2.config import TDMPC2Config
 
@@ -54,8 +56,8 @@ class TDMPC2State(NamedTuple):
     """RunningScale of the policy loss."""
     pi_grad_sq: Array
     """() float32, squared norm of the last clipped policy gradient (0 before the first update)."""
-    lr: Array
-    """() float32 learning rate (the SB3 class feeds its schedule in here)."""
+    learning_rate: Array
+    """() float32 learning rate (the SB3 class feeds its schedule in here, :func:`set_learning_rate`)."""
     key: Array
     """(2,) uint32 PRNG key of the updates."""
     updates: Array
@@ -128,7 +130,7 @@ def init_state(config: TDMPC2Config, key: Array) -> TDMPC2State:
         pi_opt=_adam(1e-5).init(params["pi"]),
         scale=running_scale_init(),
         pi_grad_sq=jnp.zeros((), jnp.float32),
-        lr=jnp.asarray(config.lr, jnp.float32),
+        learning_rate=jnp.asarray(config.learning_rate, jnp.float32),
         key=key,
         updates=jnp.zeros((), jnp.int32),
     )
@@ -205,17 +207,21 @@ def world_model_loss(
     td = sg(td)
 
     z = N.encode(config, params, obs[0])
-    zs = [z]
-    consistency = 0.0
+    latents = [z]
+    consistency = jnp.zeros((), jnp.float32)
     for t in range(h):
         z = N.next_latent(config, params, z, action[t])
         consistency += jnp.mean(jnp.square(z - next_z[t])) * config.rho**t
-        zs.append(z)
+        latents.append(z)
     consistency = consistency * (1.0 / h)
-    zs = jnp.stack(zs)
+    zs = jnp.stack(latents)
 
     q_logits = N.q_logits(
-        config, params["qs"], zs[:-1], action, _dropout_key(config, noise.dropout, 1, train=True)
+        config,
+        params["qs"],
+        zs[:-1],
+        action,
+        _dropout_key(config, noise.dropout, 1, train=True),
     )  # (K, H, B, n)
     rew_logits = N.reward_logits(config, params, zs[:-1], action)  # (H, B, n)
     bins = (config.num_bins, config.vmin, config.vmax)
@@ -268,10 +274,6 @@ def _clip_factor(norm: Array, max_norm: float) -> Array:
     return jnp.minimum(1.0, max_norm / (norm + 1e-6))
 
 
-def _sq_norm(tree: Any) -> Array:
-    return sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree))
-
-
 def update_with_noise(
     config: TDMPC2Config, state: TDMPC2State, batch: dict[str, Array], noise: UpdateNoise
 ) -> tuple[TDMPC2State, dict[str, Array], dict[str, Any]]:
@@ -285,23 +287,23 @@ def update_with_noise(
     (total, aux), grads = grad_fn(config, wm, pi, state.target_qs, batch, noise)
 
     # Clip jointly with the policy's stale gradient (b67b21c, §3.3 step 6), then Adam.
-    wm_sq = _sq_norm(grads)
+    wm_sq = squared_global_norm(grads)
     stale = state.pi_grad_sq if config.stale_pi_grad_in_clip else 0.0
     grad_norm = jnp.sqrt(wm_sq + stale)
     grads = jax.tree_util.tree_map(lambda g: g * _clip_factor(grad_norm, config.grad_clip_norm), grads)
     direction, wm_opt = _adam(1e-8).update(grads, state.wm_opt)
-    step = {k: -state.lr * (config.enc_lr_scale if k == "encoder" else 1.0) for k in direction}
+    step = {k: -state.learning_rate * (config.enc_lr_scale if k == "encoder" else 1.0) for k in direction}
     wm = {k: jax.tree_util.tree_map(lambda p, d, s=step[k]: p + s * d, wm[k], direction[k]) for k in wm}
 
     # Policy step on the pre-update latents with the post-update Q members.
     zs = sg(aux["zs"])
     pi_grad_fn = jax.value_and_grad(policy_loss, argnums=1, has_aux=True)
     (pi_loss, pi_aux), pi_grads = pi_grad_fn(config, pi, wm["qs"], zs, state.scale, noise)
-    pi_norm = jnp.sqrt(_sq_norm(pi_grads))
+    pi_norm = jnp.sqrt(squared_global_norm(pi_grads))
     clip = _clip_factor(pi_norm, config.grad_clip_norm)
     pi_grads = jax.tree_util.tree_map(lambda g: g * clip, pi_grads)
     pi_direction, pi_opt = _adam(1e-5).update(pi_grads, state.pi_opt)
-    pi = jax.tree_util.tree_map(lambda p, d: p - state.lr * d, pi, pi_direction)
+    pi = jax.tree_util.tree_map(lambda p, d: p - state.learning_rate * d, pi, pi_direction)
 
     # Target Qs: lerp toward the updated online Qs.
     target_qs = jax.tree_util.tree_map(lambda t, q: t + config.tau * (q - t), state.target_qs, wm["qs"])
@@ -418,13 +420,13 @@ def plan_with_noise(
     p, s, e = config.num_pi_trajs, config.num_samples, config.num_elites
 
     zp = jnp.broadcast_to(z, (p, z.shape[-1]))
-    pi_actions = []
+    pi_steps = []
     for t in range(h):
         _, act, _, _ = N.policy(config, params, zp, noise.pi_traj[t])
-        pi_actions.append(act)
+        pi_steps.append(act)
         if t < h - 1:
             zp = N.next_latent(config, params, zp, act)
-    pi_actions = jnp.stack(pi_actions)  # (H, P, A)
+    pi_actions = jnp.stack(pi_steps)  # (H, P, A)
 
     warm = jnp.concatenate([prev_mean[1:], jnp.zeros((1, a), jnp.float32)], 0)
     mean = jnp.where(first, jnp.zeros((h, a), jnp.float32), warm)
@@ -556,3 +558,16 @@ def predict_rollout(config: TDMPC2Config, params: dict, obs: Array, actions: Arr
     if config.episodic:
         out["continue"] = jnp.swapaxes(alive, 0, 1)
     return out
+
+
+def set_learning_rate(state: TDMPC2State, learning_rate: float) -> TDMPC2State:
+    """``state`` with its learning rate set (a () float32 array: the update is not retraced)."""
+    return state._replace(learning_rate=jnp.asarray(learning_rate, jnp.float32))
+
+
+act_jit = agent_jit(act, static_argnames=("eval_mode",))
+"""Jitted :func:`act`; ``config`` and ``eval_mode`` are static."""
+train_many_jit = agent_jit(train_many)
+"""Jitted :func:`train_many`; ``config`` is static."""
+predict_rollout_jit = agent_jit(predict_rollout)
+"""Jitted :func:`predict_rollout`; ``config`` is static."""

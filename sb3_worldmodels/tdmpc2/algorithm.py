@@ -3,26 +3,22 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sb3_worldmodels.blocks.jit import agent_jit
 from sb3_worldmodels.common.base import (
-    STATE_FIX,
     WorldModelAlgorithm,
     pad_rows,
     padded_rows,
     refuse_foreign_keywords,
-    refuse_non_finite_actions,
     take_sb3_alias,
 )
-from sb3_worldmodels.common.boundary import check_finite_arrays
 from sb3_worldmodels.common.envs import vec_agent_steps_per_episode
 from sb3_worldmodels.common.episode_replay import EpisodeReplay
-from sb3_worldmodels.common.replay import check_replay_memory
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2.config import (
     TDMPC2Config,
@@ -31,13 +27,7 @@ from sb3_worldmodels.tdmpc2.config import (
     preset,
 )
 
-act_jit = agent_jit(core.act, static_argnames=("eval_mode",))
-train_many_jit = agent_jit(core.train_many)
-predict_rollout_jit = agent_jit(core.predict_rollout)
-
-_CONFIG_FIELDS = tuple(
-    f for f in TDMPC2Config.__dataclass_fields__ if f not in ("obs_dim", "action_dim", "lr")
-)
+_D = TDMPC2Config()  # the constructor's defaults are the config's
 
 
 SB3_HINTS = {
@@ -82,6 +72,18 @@ class TDMPC2(WorldModelAlgorithm):
     agent_name = "TD-MPC2"
     allow_discrete = False
     default_n_envs = 1
+    core = core
+    config_class = TDMPC2Config
+    preset = staticmethod(preset)
+    extra_hyperparameters = ("seed_steps", "episode_length")
+    replay_class = EpisodeReplay
+    window_setting = "horizon"
+    stateless_predict_consequence = "loses its plan (the warm start of the next one)"
+    # Hyperparameters read by the shell (stored by the base class; every config field is one too).
+    episode_length: int | None
+    seed_steps: int | None
+    discount: float | None
+    iterations: int
 
     def __init__(
         self,
@@ -94,38 +96,38 @@ class TDMPC2(WorldModelAlgorithm):
         latent_dim: int | None = None,
         num_enc_layers: int | None = None,
         num_q: int | None = None,
-        simnorm_dim: int = 8,
-        dropout: float = 0.01,
-        q_dropout: str = "always",
-        dropout_masks: str = "hash",
-        num_bins: int = 101,
-        vmin: float = -10.0,
-        vmax: float = 10.0,
-        log_std_min: float = -10.0,
-        log_std_max: float = 2.0,
-        batch_size: int = 256,
-        reward_coef: float = 0.1,
-        value_coef: float = 0.1,
-        consistency_coef: float = 20.0,
-        rho: float = 0.5,
-        entropy_coef: float = 1e-4,
+        simnorm_dim: int = _D.simnorm_dim,
+        dropout: float = _D.dropout,
+        q_dropout: str = _D.q_dropout,
+        dropout_masks: str = _D.dropout_masks,
+        num_bins: int = _D.num_bins,
+        vmin: float = _D.vmin,
+        vmax: float = _D.vmax,
+        log_std_min: float = _D.log_std_min,
+        log_std_max: float = _D.log_std_max,
+        batch_size: int = _D.batch_size,
+        reward_coef: float = _D.reward_coef,
+        value_coef: float = _D.value_coef,
+        consistency_coef: float = _D.consistency_coef,
+        rho: float = _D.rho,
+        entropy_coef: float = _D.entropy_coef,
         discount: float | None = None,
-        episodic: bool = False,
-        termination_coef: float = 1.0,
-        learning_rate: Any = 3e-4,
-        enc_lr_scale: float = 0.3,
-        grad_clip_norm: float = 20.0,
-        tau: float = 0.01,
-        stale_pi_grad_in_clip: bool = True,
-        horizon: int = 3,
-        iterations: int = 6,
-        num_samples: int = 512,
-        num_elites: int = 64,
-        num_pi_trajs: int = 24,
-        min_std: float = 0.05,
-        max_std: float = 2.0,
-        temperature: float = 0.5,
-        matmul_precision: str = "float32",
+        episodic: bool = _D.episodic,
+        termination_coef: float = _D.termination_coef,
+        learning_rate: Any = _D.learning_rate,
+        enc_lr_scale: float = _D.enc_lr_scale,
+        grad_clip_norm: float = _D.grad_clip_norm,
+        tau: float = _D.tau,
+        stale_pi_grad_in_clip: bool = _D.stale_pi_grad_in_clip,
+        horizon: int = _D.horizon,
+        iterations: int = _D.iterations,
+        num_samples: int = _D.num_samples,
+        num_elites: int = _D.num_elites,
+        num_pi_trajs: int = _D.num_pi_trajs,
+        min_std: float = _D.min_std,
+        max_std: float = _D.max_std,
+        temperature: float = _D.temperature,
+        matmul_precision: str = _D.matmul_precision,
         buffer_size: int = 1_000_000,
         seed_steps: int | None = None,
         episode_length: int | None = None,
@@ -143,30 +145,18 @@ class TDMPC2(WorldModelAlgorithm):
         seed_steps = take_sb3_alias(sb3_kwargs, "learning_starts", "seed_steps", seed_steps, None)
         discount = take_sb3_alias(sb3_kwargs, "gamma", "discount", discount, None)
         refuse_foreign_keywords(type(self), sb3_kwargs, SB3_HINTS)
-        self.model_size = model_size
-        self.enc_dim, self.mlp_dim, self.latent_dim = enc_dim, mlp_dim, latent_dim
-        self.num_enc_layers, self.num_q, self.simnorm_dim = num_enc_layers, num_q, simnorm_dim
-        self.dropout, self.q_dropout, self.dropout_masks = dropout, q_dropout, dropout_masks
-        self.num_bins, self.vmin, self.vmax = num_bins, vmin, vmax
-        self.log_std_min, self.log_std_max = log_std_min, log_std_max
-        self.reward_coef, self.value_coef, self.consistency_coef = reward_coef, value_coef, consistency_coef
-        self.rho, self.entropy_coef, self.discount = rho, entropy_coef, discount
-        self.episodic, self.termination_coef = episodic, termination_coef
-        self.enc_lr_scale, self.grad_clip_norm, self.tau = enc_lr_scale, grad_clip_norm, tau
-        self.stale_pi_grad_in_clip = stale_pi_grad_in_clip
-        self.horizon, self.iterations, self.num_samples = horizon, iterations, num_samples
-        self.num_elites, self.num_pi_trajs = num_elites, num_pi_trajs
-        self.min_std, self.max_std, self.temperature = min_std, max_std, temperature
-        self.matmul_precision = matmul_precision
-        self.seed_steps, self.episode_length, self.action_repeat = seed_steps, episode_length, action_repeat
         super().__init__(
-            policy=policy,
-            env=env,
+            policy,
+            env,
+            self._hyperparameters(locals()),
             learning_rate=learning_rate,
             buffer_size=buffer_size,
             learning_starts=0,
             batch_size=batch_size,
+            gamma=_D.discount if discount is None else discount,  # set from the env in _setup_model
+            tau=tau,
             n_envs=n_envs,
+            action_repeat=action_repeat,
             policy_kwargs=policy_kwargs,
             stats_window_size=stats_window_size,
             tensorboard_log=tensorboard_log,
@@ -188,7 +178,7 @@ class TDMPC2(WorldModelAlgorithm):
             return None
         return vec_agent_steps_per_episode(self.env)
 
-    def _resolve_env_defaults(self) -> None:
+    def _resolve_config_defaults(self) -> None:
         """Fix the env-derived defaults once (they are then saved with the model): the discount from
         the episode length and seed_steps = max(1000, 5 T) (tdmpc2.py:35-48, trainer/online_trainer.py
         @b67b21c, with T the episode's agent steps as the reference's ``episode_length``)."""
@@ -207,48 +197,21 @@ class TDMPC2(WorldModelAlgorithm):
             self.seed_steps = max(1000, 5 * length)
 
     @property
-    def config(self) -> TDMPC2Config:
-        """The static configuration (from the attributes, so load/zoo overrides apply)."""
-        fields = {f: getattr(self, f) for f in _CONFIG_FIELDS if hasattr(self, f)}
-        fields["iterations"] = planner_iterations(self.iterations, self.action_adapter.dim)
-        return preset(
-            self.model_size,
-            obs_dim=self.obs_adapter.dim,
-            action_dim=self.action_adapter.dim,
-            **fields,
-        )
+    def _seed_steps(self) -> int:
+        """``seed_steps`` once resolved (by :meth:`_resolve_config_defaults`, before any step)."""
+        if self.seed_steps is None:
+            raise RuntimeError("seed_steps is resolved when the model is set up.")
+        return int(self.seed_steps)
 
-    def _build_state(self) -> dict[str, Any]:
-        self._resolve_env_defaults()
-        self._config = self.config
-        key = jax.random.PRNGKey(0 if self.seed is None else int(self.seed))
-        agent_key, act_key, predict_key = jax.random.split(key, 3)
-        # The static config keeps the default rate (one compilation for every rate); the update
-        # reads the actual rate from the state, set here and at every training call.
-        agent = core.init_state(self._config, agent_key)
-        agent = agent._replace(lr=jnp.asarray(float(self.lr_schedule(1.0)), jnp.float32))
-        return {
-            "agent": agent,
-            "act_key": act_key,
-            "predict_key": predict_key,
-        }
-
-    def _discount(self) -> float:
-        return float(self._config.discount)
-
-    def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "_config"]
+    def _space_config(self) -> dict[str, Any]:
+        # The reference adds 2 iterations for actions of 20+ dimensions (tdmpc2.py:30@b67b21c).
+        dims = super()._space_config()
+        return {**dims, "iterations": planner_iterations(self.iterations, dims["action_dim"])}
 
     def _setup_model(self) -> None:
         super()._setup_model()
-        self._config = self.config
         if not hasattr(self, "_owed_updates"):
             self._owed_updates = 0
-
-    @property
-    def replay_bytes_per_seed(self) -> int:
-        """Bytes held by the allocated replay (0 before the first finished episode)."""
-        return 0 if self.replay_buffer is None else int(self.replay_buffer.nbytes)
 
     def _replay_fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         cfg = self._config
@@ -259,50 +222,18 @@ class TDMPC2(WorldModelAlgorithm):
             "terminated": ((), np.dtype(np.float32)),
         }
 
-    def _check_replay_buffer(self, buffer: Any) -> None:
-        if not isinstance(buffer, EpisodeReplay):
-            raise ValueError("This replay buffer was not written by TD-MPC2 (expected an EpisodeReplay).")
-        if (
-            buffer.fields != self._replay_fields()
-            or buffer.n_envs != self.n_envs
-            or buffer.window != self._config.horizon + 1
-        ):
-            raise ValueError(
-                "This replay buffer does not fit the model: it was saved with other spaces, horizon or "
-                f"n_envs (buffer n_envs={buffer.n_envs}, model n_envs={self.n_envs})."
-            )
+    def _replay_options(self) -> dict[str, Any]:
+        return {"include_last_window": self._config.episodic}
 
-    def _setup_learn(
-        self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run", progress_bar=False
-    ):
-        # The replay is sized and checked before SB3's set-up, so that a refused learn() changes nothing.
+    def _replay_for_run(self, total_timesteps: int, reset_num_timesteps: bool) -> tuple[EpisodeReplay, int]:
+        # Whole episodes, at most the run's steps (and at least one window).
         total = total_timesteps + (0 if reset_num_timesteps else self.num_timesteps)
-        capacity = max(min(int(self.buffer_size), int(total)), self._config.horizon + 1)
+        capacity = max(min(int(self.buffer_size), int(total)), self._replay_window)
         replay = self.replay_buffer if self.replay_buffer is not None else self._new_replay(capacity)
-        check_replay_memory(replay.bytes_to_reserve(capacity), replay.nbytes, "buffer_size", self.agent_name)
-        last_obs = self._last_obs
-        total, callback = super()._setup_learn(
-            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
-        )
-        if self._last_obs is not last_obs:  # the envs were reset: every env starts a new episode
-            self._rollout = None
-        replay.reserve(capacity)
-        self.replay_buffer = replay
-        if reset_num_timesteps:
-            self._owed_updates = 0
-        return total, callback
+        return replay, capacity
 
-    def _new_replay(self, capacity: int) -> EpisodeReplay:
-        return EpisodeReplay(
-            capacity,
-            self.observation_space,
-            self.action_space,
-            n_envs=self.n_envs,
-            fields=self._replay_fields(),
-            window=self._config.horizon + 1,
-            include_last_window=self._config.episodic,
-            seed=0 if self.seed is None else int(self.seed),
-        )
+    def _reset_training_schedule(self) -> None:
+        self._owed_updates = 0
 
     # ------------------------------------------------------------------ collection
     def _collect_act(self, obs: np.ndarray, learning_starts: int) -> np.ndarray:
@@ -317,8 +248,8 @@ class TDMPC2(WorldModelAlgorithm):
         state = self.policy.state
         act_key, step_key = jax.random.split(state["act_key"])
         self.policy.state = {**state, "act_key": act_key}
-        if self.num_timesteps > self.seed_steps:
-            action, mean = act_jit(
+        if self.num_timesteps > self._seed_steps:
+            action, mean = core.act_jit(
                 cfg,
                 state["agent"].params,
                 jnp.asarray(obs),
@@ -365,8 +296,8 @@ class TDMPC2(WorldModelAlgorithm):
                 "terminations (termination head, masked TD targets and planner masks of the later code)."
             )
         reached = obs.copy()
-        for i in np.flatnonzero(dones):
-            reached[i] = self.obs_adapter.flatten(_batched(infos[i]["terminal_observation"]))[0]
+        if dones.any():
+            reached[dones] = self._terminal_observations(infos, np.flatnonzero(dones))
         self.replay_buffer.add_entries(
             np.arange(n),
             {
@@ -390,7 +321,7 @@ class TDMPC2(WorldModelAlgorithm):
         self._rollout = self._rollout._replace(first=dones.copy())
         # The reference's schedule, per agent step s (0-based): seed_steps updates at s == seed_steps,
         # then one per step.
-        seed_steps, before = self.seed_steps, self.num_timesteps - n
+        seed_steps, before = self._seed_steps, self.num_timesteps - n
         if before <= seed_steps < self.num_timesteps:
             self._owed_updates += seed_steps
         self._owed_updates += max(0, self.num_timesteps - max(before, seed_steps + 1))
@@ -414,10 +345,7 @@ class TDMPC2(WorldModelAlgorithm):
     def _updates_per_call(self) -> int:
         return self.n_envs
 
-    def _with_learning_rate(self, agent_state: Any, lr: float) -> Any:
-        return agent_state._replace(lr=jnp.asarray(lr, jnp.float32))
-
-    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict]:
+    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict, Callable[[], None]]:
         batch = self.replay_buffer.sample(self._config.batch_size, count=k)  # (k, H+1, B, ...)
         batch = {
             "obs": jnp.asarray(batch["obs"]),
@@ -425,7 +353,7 @@ class TDMPC2(WorldModelAlgorithm):
             "reward": jnp.asarray(batch["reward"][:, 1:]),
             "terminated": jnp.asarray(batch["terminated"][:, 1:]),
         }
-        agent_state, metrics = train_many_jit(self._config, agent_state, batch)
+        agent_state, metrics = core.train_many_jit(self._config, agent_state, batch)
         return agent_state, metrics, _nothing
 
     # ------------------------------------------------------------------ predict
@@ -443,29 +371,14 @@ class TDMPC2(WorldModelAlgorithm):
         key derived from each row's inputs: the same observation and state give the same action,
         whatever was predicted before and after save/load. ``deterministic=False`` samples from the
         model's own predict stream (training and collection are never touched)."""
-        obs, vectorized = self._predict_batch(observation)
-        n = obs.shape[0]
-        cfg = self._config
-        starts = self._check_predict_args(deterministic, episode_start, n)
-        self._count_stateless_predict(state, episode_start, "loses its plan (the warm start of the next one)")
-        if state is None:
-            prev = np.zeros((n, cfg.horizon, cfg.action_dim), np.float32)
-            first = np.ones(n, bool)
-        else:
-            expected = (n, cfg.horizon, cfg.action_dim)
-            if not isinstance(state, (tuple, list)) or len(state) != 1 or np.shape(state[0]) != expected:
-                shapes = [np.shape(s) for s in state] if isinstance(state, (tuple, list)) else type(state)
-                raise ValueError(
-                    f"state must be the 1-tuple (plan,) that predict returned, with plan of shape {expected} "
-                    f"(one plan per observation); got {shapes}."
-                )
-            prev = np.asarray(state[0], np.float32)
-            check_finite_arrays({"plan": prev}, "state", STATE_FIX)
-            first = np.zeros(n, bool) if starts is None else starts
+        obs, vectorized, (prev,), first = self._predict_inputs(
+            observation, state, episode_start, deterministic
+        )
+        cfg, n = self._config, obs.shape[0]
         used_plan = np.where(first[:, None, None], 0.0, prev)  # a restart ignores the plan
         keys = self._predict_keys(bool(deterministic), obs, used_plan, first)
         rows = padded_rows(n)  # one compilation per power of two, not per batch size
-        action, mean = act_jit(
+        action, mean = core.act_jit(
             cfg,
             self.policy.state["agent"].params,
             jnp.asarray(pad_rows(obs, rows)),
@@ -474,12 +387,7 @@ class TDMPC2(WorldModelAlgorithm):
             jnp.asarray(pad_rows(keys, rows)),
             eval_mode=bool(deterministic),
         )
-        action, mean = np.asarray(action)[:n], np.asarray(mean)[:n]
-        refuse_non_finite_actions(action, " in predict")
-        env_action = self.action_adapter.to_env(action)
-        if not vectorized:
-            env_action = env_action[0]
-        return env_action, (mean,)
+        return self._env_actions(np.asarray(action)[:n], vectorized), (np.asarray(mean)[:n],)
 
     def predict_rollout(self, observation: Any, actions: Any) -> dict[str, np.ndarray]:
         """What the world model expects if ``actions`` are taken from ``observation``, open loop.
@@ -497,6 +405,9 @@ class TDMPC2(WorldModelAlgorithm):
         """:meth:`predict_rollout` along a plan in agent units, e.g. ``predict``'s state[0] (n, H, A)."""
         return self._predict_rollout(observation, plan, agent_units=True)
 
+    def _predict_state_shapes(self, n: int) -> dict[str, tuple[int, ...]]:
+        return {"plan": (n, self._config.horizon, self._config.action_dim)}
+
     def _predict_rollout(self, observation: Any, actions: Any, agent_units: bool) -> dict[str, np.ndarray]:
         obs, vectorized = self._predict_batch(observation)
         n, dim = obs.shape[0], self._config.action_dim
@@ -507,15 +418,11 @@ class TDMPC2(WorldModelAlgorithm):
             raise ValueError(f"actions have shape {actions.shape}, expected ({n}, T, {dim}).")
         if not agent_units:
             actions = self.action_adapter.from_env(actions.reshape(-1, dim)).reshape(actions.shape)
-        out = predict_rollout_jit(self._config, self.policy.state["agent"].params, jnp.asarray(obs), actions)
+        out = core.predict_rollout_jit(
+            self._config, self.policy.state["agent"].params, jnp.asarray(obs), actions
+        )
         return {k: (np.asarray(v) if vectorized else np.asarray(v)[0]) for k, v in out.items()}
 
 
 def _nothing() -> None:
     """A training call with no side effect to apply."""
-
-
-def _batched(observation: Any) -> Any:
-    if isinstance(observation, dict):
-        return {k: np.asarray(v)[None] for k, v in observation.items()}
-    return np.asarray(observation)[None]

@@ -92,11 +92,11 @@ class TDMPC2Config:
     """Weight of the termination loss when ``episodic`` (7ec6bc8 config.yaml)."""
 
     # --- optimisers (tdmpc2.py:20-27) ---
-    lr: float = 3e-4
+    learning_rate: float = 3e-4
     """Learning rate of both Adams. The SB3 class leaves this field at its default (one compilation
     for every rate) and writes its ``learning_rate`` (float or schedule) into the state."""
     enc_lr_scale: float = 0.3
-    """The encoder's learning rate is lr * enc_lr_scale."""
+    """The encoder's learning rate is learning_rate * enc_lr_scale."""
     grad_clip_norm: float = 20.0
     tau: float = 0.01
     """EMA rate of the target Qs and of RunningScale."""
@@ -121,6 +121,11 @@ class TDMPC2Config:
     """Precision of every matmul in the jitted functions (:data:`~sb3_worldmodels.blocks.jit.
     MATMUL_PRECISIONS`): float32 as the reference ran (float32 GEMMs); "tensorfloat32" or "bfloat16"
     are faster on recent GPUs, "default" is JAX's default (TF32 on recent NVIDIA GPUs)."""
+
+    @property
+    def gamma(self) -> float:
+        """The discount under SB3's name."""
+        return self.discount
 
     @property
     def bin_size(self) -> float:
@@ -162,7 +167,7 @@ _RULES = {
     **dict.fromkeys(("num_samples", "num_elites"), INT_AT_LEAST_1),
     **dict.fromkeys(("reward_coef", "value_coef", "consistency_coef", "entropy_coef"), NON_NEGATIVE),
     **dict.fromkeys(("termination_coef", "num_pi_trajs", "enc_lr_scale"), NON_NEGATIVE),
-    **dict.fromkeys(("lr", "grad_clip_norm", "min_std", "max_std", "temperature"), POSITIVE),
+    **dict.fromkeys(("learning_rate", "grad_clip_norm", "min_std", "max_std", "temperature"), POSITIVE),
     **dict.fromkeys(("rho", "tau"), UNIT_HALF_OPEN),
     "discount": UNIT_OPEN,
     "dropout": PROBABILITY_BELOW_1,

@@ -1,12 +1,12 @@
 """Profile the DreamerV3 update on this machine: init, trace/lower, compile and step time, plus a breakdown.
 
-    python benchmarks/profile_update.py                          # "1m", 16x64, CartPole-like
-    python benchmarks/profile_update.py --size tiny --batch 2 --length 4
-    python benchmarks/profile_update.py --breakdown              # time jitted pieces of one update
-    python benchmarks/profile_update.py --hlo                    # HLO sizes of train_many / policy_step
-    python benchmarks/profile_update.py --flops                  # matmul FLOPs of one update
-    python benchmarks/profile_update.py --init-only              # init_state alone, in a fresh process
-    PYTHONPATH=/path/to/copy python benchmarks/profile_update.py --impl other_pkg.dreamerv3.agent --impl \
+    python tools/profile_update.py                          # "1m", 16x64, CartPole-like
+    python tools/profile_update.py --size tiny --batch 2 --length 4
+    python tools/profile_update.py --breakdown              # time jitted pieces of one update
+    python tools/profile_update.py --hlo                    # HLO sizes of train_many / policy_step
+    python tools/profile_update.py --flops                  # matmul FLOPs of one update
+    python tools/profile_update.py --init-only              # init_state alone, in a fresh process
+    PYTHONPATH=/path/to/copy python tools/profile_update.py --impl other_pkg.dreamerv3.agent --impl \
         sb3_worldmodels.dreamerv3.agent                          # side-by-side, step timings interleaved
 
 Every timing is a median over ``--repeats`` runs. With several ``--impl`` modules, each one is built
@@ -229,7 +229,7 @@ def breakdown(b: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                 jax.nn.one_hot(batch["stoch"][:, 0], config.classes),
                 batch["action"][:, 0],
             )
-            out = agent._observe(
+            out = agent.observe(
                 config, p["dyn"], start, batch["action"][:, :-1], embed, batch["is_first"][:, 1:], noise.post
             )
             return sum(jnp.sum(jnp.square(o)) for o in out)
@@ -237,7 +237,7 @@ def breakdown(b: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         return jax.grad(total)(p)
 
     def imagine(p: dict, d: jax.Array, s: jax.Array) -> Any:
-        return agent._imagine(config, {"dyn": p["dyn"], "actor": p["actor"]}, d, s, noise)
+        return agent.imagine(config, {"dyn": p["dyn"], "actor": p["actor"]}, d, s, noise)
 
     def heads(p: dict, feat: jax.Array) -> Any:
         """Imagined-state heads: actor and critic with gradient, slow critic, reward and continue without."""

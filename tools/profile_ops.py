@@ -1,9 +1,9 @@
 """Where an update or a plan spends its time: an XLA trace grouped by the JAX operation that
 produced each op (forward or backward), plus the slowest single ops with their shapes.
 
-    python benchmarks/profile_ops.py --agent tdmpc2 --what update --size 1
-    python benchmarks/profile_ops.py --agent tdmpc2 --what plan --size 1 --top 30
-    python benchmarks/profile_ops.py --agent dreamerv3 --what update        # "1m", 16x64
+    python tools/profile_ops.py --agent tdmpc2 --what update --size 1
+    python tools/profile_ops.py --agent tdmpc2 --what plan --size 1 --top 30
+    python tools/profile_ops.py --agent dreamerv3 --what update        # "1m", 16x64
 
 TD-MPC2 on Pendulum-v1 shapes (obs 3, action 1); DreamerV3 on CartPole-like shapes (obs 4,
 Discrete 2) with the replay windows of ``profile_update.py``. The trace is written with
@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # profile_update
 
-from sb3_worldmodels.common.xla import COMPILER_OPTIONS  # noqa: E402
+from sb3_worldmodels.blocks.jit import COMPILER_OPTIONS  # noqa: E402
 from sb3_worldmodels.tdmpc2 import agent as core  # noqa: E402
 from sb3_worldmodels.tdmpc2.config import preset  # noqa: E402
 

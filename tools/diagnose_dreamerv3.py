@@ -1,7 +1,7 @@
 """What a saved DreamerV3 knows about its env: run episodes and compare the model's beliefs with what
 happens (for the learning checks' checkpoints; discrete or continuous actions, any Gymnasium id).
 
-    python benchmarks/diagnose_dreamerv3.py benchmarks/results/checkpoints/dreamerv3_cartpole_seed1 \
+    python tools/diagnose_dreamerv3.py benchmarks/results/checkpoints/dreamerv3_cartpole_seed1 \
         --env CartPole-v1 --episodes 10
 
 At every step of an episode played with ``predict`` (the sampling policy unless ``--deterministic``),
@@ -41,13 +41,13 @@ def belief_heads(model: DreamerV3, state: tuple[np.ndarray, ...]) -> dict[str, f
     """Features, actor entropy, continue probability and critic value at a belief (``predict``'s state)."""
     config, params = model._config, model.policy.state["agent"].params
     feat = features(jnp.asarray(state[0]), jnp.asarray(state[1]))
-    _, _, con_h, critic_h = N.mlp_trunks(feat, core._state_head_trunks(config, params))
-    dist = core._actor(config, params["actor"], feat)
+    _, _, con_h, critic_h = N.mlp_trunks(feat, core.state_head_trunks(config, params))
+    dist = core.actor_distribution(config, params["actor"], feat)
     return {
         "features": np.asarray(feat)[0],
-        "entropy": float(core._actor_entropy(config, dist)[0]),
+        "entropy": float(core.actor_entropy(config, dist)[0]),
         "continue": float(jax.nn.sigmoid(N.head_out(params["con"], con_h)[0, 0])),
-        "value": float(twohot_mean(N.head_out(params["critic"], critic_h), core._bins(config))[0]),
+        "value": float(twohot_mean(N.head_out(params["critic"], critic_h), core.head_bins(config))[0]),
     }
 
 
