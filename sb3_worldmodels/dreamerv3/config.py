@@ -45,58 +45,82 @@ class DreamerV3Config:
 
     # --- spaces (set from the env) ---
     obs_dim: int = 4
-    """Width of the flat float32 observation vector."""
+    """Width of the flat float32 observation vector (set from the env; the reference concatenates all
+    vector keys, nets.py:249-256@2411f7d)."""
     action_dim: int = 1
-    """Width of the flat action: the class count for a Discrete space, else the Box size."""
+    """Width of the flat action: the class count for a Discrete space, else the Box size (set from the
+    env; the reference concatenates action keys in sorted order, jaxutils.py:715-719@2411f7d)."""
     discrete: bool = False
-    """True for a Discrete action space (one-hot actions, categorical actor)."""
+    """True for a Discrete action space (one-hot actions, categorical actor; ``actor_dist_disc: onehot``,
+    configs.yaml:130@2411f7d)."""
     obs_keys: tuple[tuple[str, int], ...] = ()
     """(key, width) of each key of a Dict observation, in the flat vector's order: the decoder has one
     output layer per key, as the reference (nets.py:310-321@2411f7d). Empty: one key "vector"."""
 
     # --- network sizes (configs.yaml:113-146; presets :149-177) ---
     units: int = 256
-    """U, width of every MLP layer (enc, dec, rew, con, actor, critic)."""
+    """U, width of every MLP layer (enc, dec, rew, con, actor, critic): ``units``,
+    configs.yaml:117,121-123,128-129@2411f7d; 256 is the size12m preset, configs.yaml:152@2411f7d."""
     deter: int = 2048
-    """D, width of the deterministic RSSM state h."""
+    """D, width of the deterministic RSSM state h (``rssm.deter``, configs.yaml:113@2411f7d; 2048 is
+    size12m, configs.yaml:150@2411f7d)."""
     hidden: int = 256
-    """H, width of the RSSM's hidden layers (dynin*, img*, obs0)."""
+    """H, width of the RSSM's hidden layers (dynin*, img*, obs0) (``rssm.hidden``,
+    configs.yaml:113@2411f7d; 256 is size12m, configs.yaml:150@2411f7d)."""
     classes: int = 16
-    """C, classes per categorical latent."""
+    """C, classes per categorical latent (``rssm.classes``, configs.yaml:113@2411f7d; 16 is size12m,
+    configs.yaml:150@2411f7d)."""
     stoch: int = 32
-    """S, number of categorical latents (never overridden by a preset)."""
+    """S, number of categorical latents (never overridden by a preset; ``rssm.stoch``,
+    configs.yaml:113@2411f7d)."""
     blocks: int = 8
-    """G, blocks of the block-diagonal GRU (nets.py:119-173)."""
+    """G, blocks of the block-diagonal GRU (``rssm.blocks``, configs.yaml:113@2411f7d;
+    nets.py:119-173@2411f7d)."""
     enc_layers: int = 3
+    """Hidden layers of the vector encoder MLP (``enc.simple.layers``, configs.yaml:117@2411f7d)."""
     dec_layers: int = 3
+    """Hidden layers of the vector decoder MLP (``dec.simple.layers``, configs.yaml:121@2411f7d)."""
     rew_layers: int = 1
+    """Hidden layers of the reward head (``rewhead.layers``, configs.yaml:122@2411f7d)."""
     con_layers: int = 1
+    """Hidden layers of the continue head (``conhead.layers``, configs.yaml:123@2411f7d)."""
     actor_layers: int = 3
+    """Hidden layers of the actor (``actor.layers``, configs.yaml:128@2411f7d)."""
     critic_layers: int = 3
+    """Hidden layers of the critic and the slow critic (``critic.layers``, configs.yaml:129@2411f7d)."""
     img_layers: int = 2
-    """Hidden layers of the prior ("img") net (imglayers: 2, configs.yaml:113)."""
+    """Hidden layers of the prior ("img") net (imglayers: 2, configs.yaml:113@2411f7d)."""
     obs_layers: int = 1
-    """Hidden layers of the posterior ("obs") net (obslayers: 1)."""
+    """Hidden layers of the posterior ("obs") net (obslayers: 1, configs.yaml:113@2411f7d)."""
     bins: int = 255
-    """Bins of the reward and critic two-hot heads (symexp spaced, nets.py:462-471)."""
+    """Bins of the reward and critic two-hot heads (symexp spaced, nets.py:462-471@2411f7d; ``bins: 255``,
+    configs.yaml:122,129@2411f7d)."""
 
     # --- world model loss ---
     free_nats: float = 1.0
-    """Free nats of the dyn/rep KL, applied after summing over latents (configs.yaml:125)."""
+    """Free nats of the dyn/rep KL, applied after summing over latents (configs.yaml:125@2411f7d)."""
     unimix: float = 0.01
-    """Uniform mixture of the RSSM categoricals."""
+    """Uniform mixture of the RSSM categoricals (``rssm.unimix``, configs.yaml:113@2411f7d)."""
     actor_unimix: float = 0.01
-    """Uniform mixture of a discrete actor's categorical."""
+    """Uniform mixture of a discrete actor's categorical (``actor.unimix``, configs.yaml:128@2411f7d)."""
     dyn_scale: float = 1.0
+    """Scale of the dynamics KL loss KL(sg(q) || p), which trains the prior (``loss_scales.dyn``,
+    configs.yaml:96@2411f7d)."""
     rep_scale: float = 0.1
+    """Scale of the representation KL loss KL(q || sg(p)), which trains the posterior
+    (``loss_scales.rep``, configs.yaml:96@2411f7d)."""
     rec_scale: float = 1.0
-    """Scale of the observation (decoder) loss."""
+    """Scale of the observation (decoder) loss (``loss_scales.dec_mlp``, configs.yaml:96@2411f7d)."""
     rew_scale: float = 1.0
+    """Scale of the reward-head loss (``loss_scales.reward``, configs.yaml:96@2411f7d)."""
     con_scale: float = 1.0
+    """Scale of the continue-head loss (``loss_scales.cont``, configs.yaml:96@2411f7d)."""
     actor_scale: float = 1.0
+    """Scale of the actor loss (``loss_scales.actor``, configs.yaml:96@2411f7d)."""
     critic_scale: float = 1.0
+    """Scale of the imagined critic loss (``loss_scales.critic``, configs.yaml:96@2411f7d)."""
     repval_scale: float = 0.3
-    """Scale of the replay critic loss (configs.yaml:96)."""
+    """Scale of the replay critic loss (``loss_scales.replay_critic``, configs.yaml:96@2411f7d)."""
 
     # --- schedule ---
     train_ratio: float = 512.0
@@ -104,54 +128,73 @@ class DreamerV3Config:
     ``dmc_proprio`` block (configs.yaml:236@2411f7d); the ``defaults`` block has 32.0 (configs.yaml:52)."""
     train_fill: int = 0
     """Rows collected before training may start: updates run from the row counter ``train_fill`` on
-    (``step >= train_fill``, embodied/run/train.py:81@2411f7d; ``run.train_fill: 0``, configs.yaml:53).
-    Unlike SB3's ``learning_starts`` it does not change how the agent acts."""
+    (``step >= train_fill``, embodied/run/train.py:81@2411f7d; ``run.train_fill: 0``,
+    configs.yaml:53@2411f7d). Unlike SB3's ``learning_starts`` it does not change how the agent acts."""
     batch_size: int = 16
-    """B, sequences per batch."""
+    """B, sequences per batch (``batch_size``, configs.yaml:91@2411f7d)."""
     batch_length: int = 64
-    """T, trained rows per sequence; each sampled window has T + 1 rows (replay context, §11)."""
+    """T, trained rows per sequence; each sampled window has T + 1 rows (``batch_length: 65`` with
+    ``replay_context: 1``, configs.yaml:92-94@2411f7d)."""
 
     # --- actor-critic ---
     imag_horizon: int = 15
-    """Imagined steps per start state (imag_length: 15)."""
+    """Imagined steps per start state (imag_length: 15, configs.yaml:134@2411f7d)."""
     return_horizon: float = 333.0
-    """1 / (1 - gamma); the continue target is (1 - terminal) * (1 - 1/horizon) (contdisc)."""
+    """1 / (1 - gamma); the continue target is (1 - terminal) * (1 - 1/horizon) (contdisc) (``horizon: 333``,
+    ``contdisc: True``, configs.yaml:136,124@2411f7d)."""
     lam: float = 0.95
-    """Lambda of the imagined returns (return_lambda)."""
+    """Lambda of the imagined returns (return_lambda, configs.yaml:137@2411f7d)."""
     repval_lam: float = 0.95
-    """Lambda of the replay returns (return_lambda_replay)."""
+    """Lambda of the replay returns (return_lambda_replay, configs.yaml:138@2411f7d)."""
     actent: float = 3e-4
-    """Actor entropy scale."""
+    """Actor entropy scale (``actent``, configs.yaml:144@2411f7d)."""
     slowreg: float = 1.0
-    """Weight of the critic's regression toward the slow critic."""
+    """Weight of the critic's regression toward the slow critic (``slowreg``, configs.yaml:145@2411f7d)."""
     slow_rate: float = 0.02
-    """EMA fraction of the slow critic, every update (first update copies)."""
+    """EMA fraction of the slow critic, every update (first update copies) (``slow_critic_update: 1``,
+    ``slow_critic_fraction: 0.02``, configs.yaml:139-140@2411f7d)."""
     retnorm_rate: float = 0.01
-    """EMA rate of the 5th/95th return percentiles."""
+    """EMA rate of the 5th/95th return percentiles (``retnorm.rate``, configs.yaml:141@2411f7d)."""
     retnorm_limit: float = 1.0
-    """Lower limit of the return scale max(limit, P95 - P5)."""
+    """Lower limit of the return scale max(limit, P95 - P5) (``retnorm.limit``, configs.yaml:141@2411f7d)."""
     minstd: float = 0.1
+    """Lower std bound of the continuous actor (``actor.minstd``, configs.yaml:128@2411f7d)."""
     maxstd: float = 1.0
-    """Std bounds of the continuous actor: (max - min) * sigmoid(x + 2) + min."""
+    """Upper std bound of the continuous actor: std = (max - min) * sigmoid(x + 2) + min
+    (nets.py:486-493@2411f7d; ``actor.maxstd``, configs.yaml:128@2411f7d)."""
 
     # --- optimiser: LaProp + AGC (configs.yaml:97; jaxutils.py:398-550) ---
     learning_rate: float = 4e-5
     """Base learning rate. The SB3 class leaves this field at its default (so every rate shares one
-    compilation) and writes its ``learning_rate`` (float or schedule) into the optimiser state."""
+    compilation) and writes its ``learning_rate`` (float or schedule) into the optimiser state
+    (``opt.lr``, configs.yaml:97@2411f7d)."""
     agc: float = 0.3
+    """Adaptive gradient clipping per parameter tensor: a gradient is scaled down to at most
+    agc * max(agc_pmin, |w|) in norm (``opt.agc``, configs.yaml:97@2411f7d; jaxutils.py:659-673@2411f7d)."""
     agc_pmin: float = 1e-3
+    """Floor on the parameter norm in the AGC limit, so zero-initialised tensors can still move
+    (``opt.pmin``, configs.yaml:97@2411f7d)."""
     beta1: float = 0.9
+    """Momentum decay of LaProp, applied to the RMS-normalised gradient (``opt.beta1``,
+    configs.yaml:97@2411f7d; jaxutils.py:694-712@2411f7d)."""
     beta2: float = 0.999
+    """Decay of LaProp's running mean of squared gradients (``opt.beta2``, configs.yaml:97@2411f7d;
+    jaxutils.py:676-691@2411f7d)."""
     eps: float = 1e-20
+    """Epsilon added to the RMS denominator of LaProp (``opt.eps``, configs.yaml:97@2411f7d)."""
     warmup: int = 1000
-    """Linear warmup: update k (1-based) is scaled by clip((k - 1) / warmup, 0, 1)."""
+    """Linear warmup: update k (1-based) is scaled by clip((k - 1) / warmup, 0, 1) (``opt.warmup``,
+    configs.yaml:97@2411f7d; jaxutils.py:510-524@2411f7d)."""
     weight_decay: float = 0.0
+    """Decoupled weight decay; only 0 is accepted (docs/deviations.md D19) (``opt.wd``,
+    configs.yaml:97@2411f7d)."""
 
     # --- numerics ---
     matmul_precision: str = "float32"
     """Precision of every matmul in the jitted functions (:data:`~sb3_worldmodels.blocks.jit.
-    MATMUL_PRECISIONS`): float32 as the reference ran; "tensorfloat32" or "bfloat16" are faster on
-    recent GPUs, "default" is JAX's default (TF32 on recent NVIDIA GPUs)."""
+    MATMUL_PRECISIONS`): float32 by default; "tensorfloat32" or "bfloat16" are faster on recent GPUs,
+    "default" is JAX's default (TF32 on recent NVIDIA GPUs). Our own setting: the reference computes
+    in bfloat16 with float32 parameters (configs.yaml:24-25@2411f7d; docs/deviations.md D1)."""
 
     @property
     def decoder_outputs(self) -> tuple[tuple[str, int], ...]:
