@@ -43,84 +43,123 @@ class TDMPC2Config:
 
     # --- spaces (set from the env) ---
     obs_dim: int = 3
-    """Width of the flat float32 observation vector."""
+    """Width of the flat float32 observation vector (set from the env, as the reference's ``obs_shape``,
+    envs/__init__.py:55-60@b67b21c)."""
     action_dim: int = 1
-    """Width of the action vector, in [-1, 1]."""
+    """Width of the action vector, in [-1, 1] (set from the env, as the reference's ``action_dim``,
+    envs/__init__.py:55-60@b67b21c)."""
 
     # --- architecture (config.yaml:52-60; presets common/__init__.py:1-23) ---
     enc_dim: int = 256
-    """Width of the encoder's hidden layers."""
+    """Width of the encoder's hidden layers (``enc_dim``, config.yaml:54@b67b21c; per size
+    common/__init__.py:1-24@b67b21c)."""
     mlp_dim: int = 512
-    """Width of the hidden layers of dynamics, reward, policy and Q networks."""
+    """Width of the hidden layers of dynamics, reward, policy and Q networks (``mlp_dim``,
+    config.yaml:55@b67b21c)."""
     latent_dim: int = 512
-    """L, width of the latent state z (SimNorm groups of ``simnorm_dim``)."""
+    """L, width of the latent state z (SimNorm groups of ``simnorm_dim``) (``latent_dim``,
+    config.yaml:56@b67b21c)."""
     num_enc_layers: int = 2
-    """Affine layers of the encoder (max(n - 1, 1) hidden layers plus the latent layer)."""
+    """Affine layers of the encoder (max(n - 1, 1) hidden layers plus the latent layer)
+    (``num_enc_layers``, config.yaml:53@b67b21c; layers.py:75-82@b67b21c)."""
     num_q: int = 5
-    """K, members of the Q ensemble."""
+    """K, members of the Q ensemble (``num_q``, config.yaml:58@b67b21c)."""
     simnorm_dim: int = 8
-    """Group size of SimNorm (config.yaml:60)."""
+    """Group size of SimNorm (config.yaml:60@b67b21c)."""
     dropout: float = 0.01
-    """Dropout rate after the first affine layer of each Q member (config.yaml:59)."""
+    """Dropout rate after the first affine layer of each Q member (config.yaml:59@b67b21c)."""
     q_dropout: str = "always"
     """Where Q dropout is active: "always" is b67b21c (every Q evaluation, target and planning
-    included: spec §2.4), "train" the later upstream code (value and policy losses only), "off"."""
+    included: layers.py:7-27@b67b21c), "train" the later upstream code (value and policy losses only),
+    "off". Our own flag; the reference has no such option."""
     dropout_masks: str = "hash"
     """How the dropout masks are drawn: "hash" (cheap hashed coin flips, docs/deviations.md T13) or
     "threefry" (``jax.random.bernoulli``, one Threefry draw per element, about 30x the cost)."""
     num_bins: int = 101
+    """Number of two-hot bins of the reward and Q heads, linear in symlog space (config.yaml:47@b67b21c;
+    math.py:48-95@b67b21c)."""
     vmin: float = -10.0
+    """Lowest bin centre, in symlog space (config.yaml:48@b67b21c)."""
     vmax: float = 10.0
-    """Two-hot bins of the reward and Q heads, linear in symlog space (config.yaml:47-49)."""
+    """Highest bin centre, in symlog space; the bins of the reward and Q heads are linear in symlog
+    space (config.yaml:47-49@b67b21c)."""
     log_std_min: float = -10.0
+    """Lower end of the policy's log-std, mapped from tanh of the raw output (config.yaml:42@b67b21c;
+    math.py:12-14@b67b21c)."""
     log_std_max: float = 2.0
-    """Range of the policy's log-std (config.yaml:42-43)."""
+    """Upper end of the policy's log-std; the range is [log_std_min, log_std_max]
+    (config.yaml:43@b67b21c)."""
 
     # --- losses (config.yaml:14-25) ---
     batch_size: int = 256
+    """B, windows of H + 1 steps per update (config.yaml:14@b67b21c)."""
     reward_coef: float = 0.1
+    """Weight of the reward loss in the world-model loss (config.yaml:15@b67b21c;
+    tdmpc2.py:259-263@b67b21c)."""
     value_coef: float = 0.1
+    """Weight of the Q (value) loss in the world-model loss (config.yaml:16@b67b21c)."""
     consistency_coef: float = 20.0
+    """Weight of the latent consistency loss in the world-model loss (config.yaml:17@b67b21c)."""
     rho: float = 0.5
-    """Temporal weight rho^t of the losses over the horizon."""
+    """Temporal weight rho^t of the losses over the horizon (config.yaml:18@b67b21c)."""
     entropy_coef: float = 1e-4
+    """Weight of the policy's entropy term (its D-scaled log-prob) in the policy loss
+    (config.yaml:44@b67b21c; math.py:27-32@b67b21c)."""
     discount: float = 0.99
-    """gamma; the SB3 class sets it from the episode length with :func:`discount_from_episode_length`."""
+    """gamma; the SB3 class sets it from the episode length with :func:`discount_from_episode_length`
+    (the reference's heuristic, tdmpc2.py:31-48@b67b21c with config.yaml:23-25@b67b21c; 0.99 is its
+    value for 500-step DMC episodes)."""
     episodic: bool = False
-    """Termination head, masked TD targets and planner masks of the later upstream code (spec §8.2)."""
+    """Termination head, masked TD targets and planner masks of the later upstream code
+    (world_model.py:28@7ec6bc8, tdmpc2.py:127-137,258,283-305@7ec6bc8; ``episodic: false``,
+    config.yaml:7@7ec6bc8)."""
     termination_coef: float = 1.0
-    """Weight of the termination loss when ``episodic`` (7ec6bc8 config.yaml)."""
+    """Weight of the termination loss when ``episodic`` (config.yaml:19@7ec6bc8)."""
 
     # --- optimisers (tdmpc2.py:20-27) ---
     learning_rate: float = 3e-4
     """Learning rate of both Adams. The SB3 class leaves this field at its default (one compilation
-    for every rate) and writes its ``learning_rate`` (float or schedule) into the state."""
+    for every rate) and writes its ``learning_rate`` (float or schedule) into the state (``lr``,
+    config.yaml:19@b67b21c)."""
     enc_lr_scale: float = 0.3
-    """The encoder's learning rate is learning_rate * enc_lr_scale."""
+    """The encoder's learning rate is learning_rate * enc_lr_scale (config.yaml:20@b67b21c;
+    tdmpc2.py:21@b67b21c)."""
     grad_clip_norm: float = 20.0
+    """Maximum global gradient norm, clipped separately for the world model and the policy
+    (config.yaml:21@b67b21c; tdmpc2.py:266-268@b67b21c)."""
     tau: float = 0.01
-    """EMA rate of the target Qs and of RunningScale."""
+    """EMA rate of the target Qs and of RunningScale (config.yaml:22@b67b21c)."""
     stale_pi_grad_in_clip: bool = True
     """b67b21c clips the world-model gradient by sqrt(|g_wm|^2 + |g_pi,prev|^2): the previous policy
-    gradient is still stored on the policy parameters (spec §3.3 step 6). Upstream dropped it later."""
+    gradient is still stored on the policy parameters (tdmpc2.py:180,232,267@b67b21c). Upstream dropped it
+    later (603b67c)."""
 
     # --- planning (config.yaml:31-39) ---
     horizon: int = 3
+    """H, steps of the planning rollouts and of the training windows (config.yaml:36@b67b21c)."""
     iterations: int = 6
-    """MPPI iterations actually run (the SB3 class passes :func:`planner_iterations` of its own)."""
+    """MPPI iterations actually run (the SB3 class passes :func:`planner_iterations` of its own)
+    (config.yaml:32@b67b21c; +2 for 20 or more action dims, tdmpc2.py:30@b67b21c)."""
     num_samples: int = 512
+    """Candidate action sequences per MPPI iteration (config.yaml:33@b67b21c)."""
     num_elites: int = 64
+    """Top candidates that set the next mean and std (config.yaml:34@b67b21c)."""
     num_pi_trajs: int = 24
+    """Candidates drawn from the policy prior, fixed across iterations (config.yaml:35@b67b21c)."""
     min_std: float = 0.05
+    """Lower clamp of the MPPI std (config.yaml:37@b67b21c)."""
     max_std: float = 2.0
+    """Upper clamp of the MPPI std and its initial value each step (config.yaml:38@b67b21c)."""
     temperature: float = 0.5
-    """Multiplies the value gap in the elite weights exp(temperature * (v - max v)) (tdmpc2.py:151)."""
+    """Multiplies the value gap in the elite weights exp(temperature * (v - max v)) (tdmpc2.py:151@b67b21c;
+    config.yaml:39@b67b21c)."""
 
     # --- numerics ---
     matmul_precision: str = "float32"
     """Precision of every matmul in the jitted functions (:data:`~sb3_worldmodels.blocks.jit.
     MATMUL_PRECISIONS`): float32 as the reference ran (float32 GEMMs); "tensorfloat32" or "bfloat16"
-    are faster on recent GPUs, "default" is JAX's default (TF32 on recent NVIDIA GPUs)."""
+    are faster on recent GPUs, "default" is JAX's default (TF32 on recent NVIDIA GPUs). Our own setting:
+    the reference has no such option (PyTorch keeps TF32 off for float32 matmuls)."""
 
     @property
     def gamma(self) -> float:
