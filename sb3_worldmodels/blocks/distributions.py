@@ -2,7 +2,8 @@
 
 Every function takes float32 parameters and reduces over the last axis where stated; callers sum
 or average over any further event or batch axes. Shape symbols: C classes, A action dims.
-References: ``specs/dreamerv3.md`` §3.5, §3.7, §4.2, §5, §7.1, §9.5.
+References: nets.py:97-110,207-220,486-493,518-529@2411f7d, jaxutils.py:103-121,179-207@2411f7d,
+agent.py:257-261@2411f7d.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def categorical_kl(logits_q: ArrayLike, logits_p: ArrayLike) -> Array:
 
 
 def free_nats(kl: ArrayLike, free: float) -> Array:
-    """max(kl, free) elementwise: KL values below ``free`` nats give no gradient (§3.7)."""
+    """max(kl, free) elementwise: KL values below ``free`` nats give no gradient (nets.py:97-110@2411f7d)."""
     return jnp.maximum(jnp.asarray(kl, jnp.float32), free)
 
 
@@ -100,7 +101,7 @@ def categorical_log_prob(logits: ArrayLike, onehot: ArrayLike) -> Array:
 
 
 def straight_through_onehot(key: Array, logits: ArrayLike) -> Array:
-    """Sample a one-hot with straight-through gradients: onehot + (p − sg(p)) (§9.5).
+    """Sample a one-hot with straight-through gradients: onehot + (p − sg(p)) (jaxutils.py:112-116@2411f7d).
 
     The forward value is exactly the sampled one-hot (the bracket is exactly 0); the gradient
     w.r.t. the logits is that of the probabilities p = softmax(logits).
@@ -126,7 +127,7 @@ def onehot_mode(logits: ArrayLike) -> Array:
 
 
 # --------------------------------------------------------------------------------------------
-# Independent Normal over the last axis (continuous actor, §7.1)
+# Independent Normal over the last axis (continuous actor, nets.py:486-493@2411f7d)
 # --------------------------------------------------------------------------------------------
 
 
@@ -168,7 +169,8 @@ def normal_sample(key: Array, mean: ArrayLike, std: ArrayLike) -> Array:
 
 
 # --------------------------------------------------------------------------------------------
-# Bernoulli (continue head, §5) and symlog MSE (vector decoder, §4.2)
+# Bernoulli (continue head, agent.py:258-261@2411f7d) and symlog MSE (vector decoder,
+# jaxutils.py:179-207@2411f7d)
 # --------------------------------------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@
 Parameter names mirror the reference state names (``<layer>/kernel``, ``<layer>/bias``,
 ``<layer>/norm/scale``), so a reference checkpoint maps onto the flax tree one to one.
 Parameters are float32; ``dtype`` is the compute dtype (float32 by default). References:
-``specs/dreamerv3.md`` §2, §8.2 and ``specs/tdmpc2.md`` §2.1.
+DreamerV3 nets.py:594-758,816-884@2411f7d and TD-MPC2 layers.py:50-97@b67b21c.
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ __all__ = [
 ]
 
 TRUNC_NORMAL_STD_CORRECTION = 1.1368
-"""≈ 1/0.8796, the std of a standard normal truncated to [−2, 2]; undoes the truncation (§8.2)."""
+"""≈ 1/0.8796, the std of a standard normal truncated to [−2, 2]; undoes the truncation
+(nets.py:816-884@2411f7d)."""
 
 RMS_EPS = 1e-4
-"""Epsilon of :class:`RMSNorm` (DreamerV3 §2.2)."""
+"""Epsilon of :class:`RMSNorm` (DreamerV3 nets.py:728@2411f7d)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -51,7 +52,7 @@ RMS_EPS = 1e-4
 
 
 def trunc_normal_fan_in(outscale: float = 1.0, fan_in_axes: Sequence[int] | None = None) -> Initializer:
-    """Truncated N(0, 1) on [−2, 2] × 1.1368 × sqrt(1/fan_in) × outscale (DreamerV3 §8.2).
+    """Truncated N(0, 1) on [−2, 2] × 1.1368 × sqrt(1/fan_in) × outscale (DreamerV3 nets.py:816-884@2411f7d).
 
     The effective std is ``outscale / sqrt(fan_in)``; ``outscale == 0`` gives exact zeros.
 
@@ -127,7 +128,8 @@ def simnorm(x: Array, dim: int = 8) -> Array:
 
 
 def layer_norm(name: str | None = None, eps: float = 1e-5) -> nn.LayerNorm:
-    """flax LayerNorm with PyTorch's eps 1e-5 (flax defaults to 1e-6), for TD-MPC2 (§10 item 1)."""
+    """flax LayerNorm with PyTorch's eps 1e-5 (flax defaults to 1e-6), for TD-MPC2
+    (layers.py:50-72@b67b21c)."""
     return nn.LayerNorm(epsilon=eps, name=name)
 
 
@@ -242,7 +244,7 @@ class Dense(nn.Module):
 
 
 class NormedDense(nn.Module):
-    """Hidden layer: x @ kernel + bias → norm (submodule ``norm``) → activation (§2.1).
+    """Hidden layer: x @ kernel + bias → norm (submodule ``norm``) → activation (nets.py:594-635@2411f7d).
 
     Params ``{"kernel": (I, units), "bias": (units,), "norm": {"scale": (units,)}}`` for
     ``norm="rms"``; ``norm="layer"`` gives flax LayerNorm's ``scale``/``bias`` under ``norm``;
@@ -292,7 +294,7 @@ class MLP(nn.Module):
 
 
 class BlockLinear(nn.Module):
-    """Block-diagonal linear layer with G blocks (DreamerV3 §2.4, used by the block GRU).
+    """Block-diagonal linear layer with G blocks (DreamerV3 nets.py:638-701@2411f7d, used by the block GRU).
 
     The input (..., I) is laid out block-major (block g owns features [g·I'/G, (g+1)·I'/G)); it
     is zero-padded at the end to I' = G·ceil(I/G), reshaped to (..., G, I'/G), multiplied per

@@ -1,8 +1,9 @@
 """Scalar transforms, two-hot regression and λ-returns shared by DreamerV3 and TD-MPC2.
 
 Pure functions on float32 arrays. Shape symbols: N imagination starts, H imagination horizon,
-B batch rows, T sequence length, n number of bins. References: ``specs/dreamerv3.md`` §7.4-7.5,
-§7.9, §9 and ``specs/tdmpc2.md`` §2.5.
+B batch rows, T sequence length, n number of bins. References: DreamerV3
+agent.py:301-373@2411f7d, jaxutils.py:76-81,210-274@2411f7d, nets.py:462-471@2411f7d; TD-MPC2
+math.py:5-9,48-95@b67b21c.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------
-# symlog / symexp (dreamerv3 §9.1, tdmpc2 §2.5)
+# symlog / symexp (jaxutils.py:76-81@2411f7d, math.py:5-9@b67b21c)
 # --------------------------------------------------------------------------------------------
 
 
@@ -50,7 +51,8 @@ def symexp(x: ArrayLike) -> Array:
 
 
 # --------------------------------------------------------------------------------------------
-# DreamerV3 two-hot over symexp-spaced bins, in raw units (dreamerv3 §9.2-9.3)
+# DreamerV3 two-hot over symexp-spaced bins, in raw units (nets.py:462-471@2411f7d,
+# jaxutils.py:210-274@2411f7d)
 # --------------------------------------------------------------------------------------------
 
 
@@ -168,7 +170,7 @@ def twohot_mean(logits: ArrayLike, bins: ArrayLike) -> Array:
 
 
 # --------------------------------------------------------------------------------------------
-# TD-MPC2 two-hot in symlog space (tdmpc2 §2.5)
+# TD-MPC2 two-hot in symlog space (math.py:48-95@b67b21c)
 # --------------------------------------------------------------------------------------------
 
 
@@ -234,7 +236,7 @@ def symlog_twohot_mean(logits: ArrayLike, num_bins: int, vmin: float, vmax: floa
 
 
 # --------------------------------------------------------------------------------------------
-# λ-returns (dreamerv3 §7.4, §7.5, §7.9)
+# λ-returns (agent.py:301-326,352-373@2411f7d)
 # --------------------------------------------------------------------------------------------
 
 
@@ -273,7 +275,8 @@ def lambda_return(reward: ArrayLike, disc: ArrayLike, value: ArrayLike, lam: Arr
 
 
 def imagined_lambda_return(reward: ArrayLike, cont: ArrayLike, value: ArrayLike, lam: float) -> Array:
-    """DreamerV3 imagined λ-return (§7.5); the explicit discount is 1 because ``cont`` holds γ.
+    """DreamerV3 imagined λ-return (agent.py:320-326@2411f7d); the explicit discount is 1 because ``cont``
+    holds γ.
 
     R_H = v_H;  R_k = r_{k+1} + c_{k+1}·((1 − λ)·v_{k+1} + λ·R_{k+1}) for k = H−1 … 0.
     ``reward[:, 0]`` and ``cont[:, 0]`` (the start step) do not enter the returns; ``cont[:, 0]``
@@ -292,7 +295,7 @@ def imagined_lambda_return(reward: ArrayLike, cont: ArrayLike, value: ArrayLike,
 
 
 def imagination_weight(cont: ArrayLike) -> Array:
-    """w_k = Π_{j ≤ k} c_j, the loss weight of imagined step k (§7.4).
+    """w_k = Π_{j ≤ k} c_j, the loss weight of imagined step k (agent.py:301-317@2411f7d).
 
     Args:
         cont: (N, H+1) float32, index 0 = 1 − is_terminal of the start step.
@@ -311,7 +314,7 @@ def replay_lambda_return(
     gamma: float,
     lam: float,
 ) -> Array:
-    """DreamerV3 replay ("repval") λ-return (§7.9).
+    """DreamerV3 replay ("repval") λ-return (agent.py:352-373@2411f7d).
 
     With live_t = (1 − is_terminal_t)·γ and λ'_t = λ·(1 − is_last_t):
     G_{T−1} = b_{T−1};  G_t = r_{t+1} + live_{t+1}·((1 − λ'_{t+1})·b_{t+1} + λ'_{t+1}·G_{t+1}).

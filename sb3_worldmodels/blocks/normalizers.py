@@ -1,8 +1,8 @@
 """Running statistics as pure ``init`` / ``update`` / ``apply`` functions over small states.
 
-- DreamerV3 percentile return normaliser (``specs/dreamerv3.md`` §7.6, §9.4).
-- Exponential moving average of parameter pytrees, e.g. the slow critic (§7.2).
-- TD-MPC2 ``RunningScale`` (``specs/tdmpc2.md`` §3.4).
+- DreamerV3 percentile return normaliser (jaxutils.py:301-395@2411f7d).
+- Exponential moving average of parameter pytrees, e.g. the slow critic (jaxutils.py:732-757@2411f7d).
+- TD-MPC2 ``RunningScale`` (scale.py:4-47@b67b21c).
 
 All statistics are float32 and never carry gradients.
 """

@@ -1,6 +1,6 @@
 """DreamerV3's optimiser as optax transformations: AGC → LaProp (RMS, then momentum) → −lr → warmup.
 
-``specs/dreamerv3.md`` §10. Each stage is a separate :class:`optax.GradientTransformation` with
+jaxutils.py:398-550,659-712@2411f7d. Each stage is a separate :class:`optax.GradientTransformation` with
 its own NamedTuple state; :func:`laprop` chains them behind ``optax.inject_hyperparams`` so the
 learning rate lives in the optimiser state and can change between updates without recompiling.
 """

@@ -8,9 +8,9 @@ reward of step k (and its termination flag). Episodes enter the replay only when
 A sampled item is a window of ``window`` = H + 1 consecutive entries of one stored episode:
 ``obs`` (H+1, B, O) time-major, and the H actions, rewards and flags that connect them. An episode
 is drawn uniformly, then a start uniformly among its valid ones: 0 .. L − H − 1 in the reference
-(its crop never draws the window that ends on the final entry, spec §5), or 0 .. L − H with
-``include_last_window`` (the later SliceSampler, needed for terminations: spec §8.2). Episodes with
-no valid start are not stored.
+(its crop never draws the window that ends on the final entry, buffer.py:60-70@b67b21c), or
+0 .. L − H with ``include_last_window`` (the later SliceSampler, needed for terminations:
+buffer.py:102-106@7ec6bc8). Episodes with no valid start are not stored.
 
 Entries live in one ring of ``capacity_entries`` slots, addressed by an absolute entry counter;
 the oldest episodes are evicted whole once the stored steps exceed ``capacity_steps``.

@@ -123,7 +123,8 @@ def read_fields(
 
 
 class SequenceReplay(ReplayBuffer):
-    """Per-env ring of rows; samples windows of ``window`` consecutive rows (DreamerV3 spec §12).
+    """Per-env ring of rows; samples windows of ``window`` consecutive rows (DreamerV3's
+    replay.py:130-141@2411f7d).
 
     :param buffer_size: most rows kept over all envs; each env keeps ``ceil(buffer_size / n_envs)``
         rows (SB3's convention: the ``buffer_size`` attribute is then this per-env capacity).
@@ -132,7 +133,7 @@ class SequenceReplay(ReplayBuffer):
     :param n_envs: number of env streams.
     :param fields: ``name -> (shape, dtype)`` of one row, e.g. ``{"obs": ((O,), np.float32),
         "action": ((A,), np.float32), "reward": ((), np.float32), "is_first": ((), bool), ...}``.
-    :param window: rows per sampled item (T + 1 for DreamerV3: one context row, §11).
+    :param window: rows per sampled item (T + 1 for DreamerV3: one context row, configs.yaml:92-94@2411f7d).
     :param seed: seed of the buffer's own ``np.random.Generator`` (saved with the buffer).
     :param online: keep the reference's online queue of fresh, non-overlapping windows, which
         ``sample`` serves before uniform draws.
@@ -315,7 +316,7 @@ class SequenceReplay(ReplayBuffer):
 
         Each row that completes a window inserts the item ending at it; the item is appended to the
         online queue when the stream held a multiple of ``window`` rows before this row, so queued
-        windows start at stream rows 1, window + 1, 2 * window + 1, ... (spec §12).
+        windows start at stream rows 1, window + 1, 2 * window + 1, ... (replay.py:140-144@2411f7d).
         """
         env_ids = np.asarray(env_ids)
         if env_ids.ndim != 1 or not np.issubdtype(env_ids.dtype, np.integer):
@@ -400,7 +401,8 @@ class SequenceReplay(ReplayBuffer):
     # ------------------------------------------------------------ write-back
 
     def write_back(self, envs: np.ndarray, starts: np.ndarray, values: Mapping[str, Any]) -> int:
-        """Overwrite rows 1..window-1 of sampled windows (replay latent write-back, spec §11.3).
+        """Overwrite rows 1..window-1 of sampled windows (replay latent write-back, agent.py:213-218@2411f7d,
+        replay.py:147-167@2411f7d).
 
         :param envs: (count, batch_size) env of each window, as returned by :meth:`sample`.
         :param starts: (count, batch_size) absolute start row of each window.

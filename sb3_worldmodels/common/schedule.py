@@ -1,4 +1,5 @@
-"""Train ratio: how many updates to run after each collected row (DreamerV3 spec §13.2).
+"""Train ratio: how many updates to run after each collected row (when.py:26-42@2411f7d,
+train.py:68-91@2411f7d).
 
 Transcribes the reference's ``embodied/core/when.py:Ratio`` and the training gate of
 ``embodied/run/train.py`` (danijar/dreamerv3 @2411f7d). The reference counts every row of every env

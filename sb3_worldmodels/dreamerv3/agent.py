@@ -1,4 +1,5 @@
-"""The pure-JAX DreamerV3 core: state, acting, loss and update (``specs/dreamerv3.md`` §3-§11, §15).
+"""The pure-JAX DreamerV3 core: state, acting, loss and update (agent.py:101-415@2411f7d,
+jaxutils.py:398-550@2411f7d; replay context agent.py:172-183@29eb964).
 
 Everything here is a pure function of explicit arguments; ``config`` is a static (hashable) argument.
 
@@ -105,7 +106,7 @@ POLICY_MODULES = ("enc", "dyn", "actor")
 
 
 class Carry(NamedTuple):
-    """Acting state per env (§3.1, §13.1); zeros at the start."""
+    """Acting state per env (nets.py:39-45@2411f7d, driver.py:34-81@2411f7d); zeros at the start."""
 
     deter: Array
     """(n, D) float32 deterministic state."""
@@ -133,7 +134,8 @@ class DreamerState(NamedTuple):
 
 
 class Noise(NamedTuple):
-    """All randomness of one update (§3.5, §7.1, §7.3); see :func:`sample_noise`."""
+    """All randomness of one update (jaxutils.py:103-121@2411f7d, nets.py:486-493@2411f7d,
+    agent.py:267-298@2411f7d); see :func:`sample_noise`."""
 
     post: Array
     """(B, T, S, C) Gumbel noise of the posterior samples of the replay rollout."""
@@ -149,7 +151,8 @@ class Noise(NamedTuple):
 
 
 def make_optimizer(config: DreamerV3Config) -> optax.GradientTransformation:
-    """LaProp + AGC + warmup over all optimised modules (§10); one learning rate."""
+    """LaProp + AGC + warmup over all optimised modules (jaxutils.py:398-550,659-712@2411f7d); one
+    learning rate."""
     if config.weight_decay:
         raise ValueError("weight_decay is not supported by the DreamerV3 core (the reference uses 0).")
     return laprop(
@@ -231,7 +234,8 @@ def _assemble_params(config: DreamerV3Config, key: Array, xp: Any) -> tuple[dict
 
 
 def init_params(config: DreamerV3Config, key: Array) -> tuple[dict, dict]:
-    """Fresh parameters (§8.2): (params of :data:`MODULES`, an independently initialised slow critic).
+    """Fresh parameters (nets.py:816-884@2411f7d): (params of :data:`MODULES`, an independently initialised
+    slow critic).
 
     The trees are those of the flax modules (:func:`~sb3_worldmodels.dreamerv3.networks.make_networks`)
     and the values follow their initialisers' distributions: every kernel N(0, 1) truncated to
@@ -269,7 +273,7 @@ def init_state(config: DreamerV3Config, key: Array) -> DreamerState:
 
 
 def init_carry(config: DreamerV3Config, n: int) -> Carry:
-    """Zero acting state for ``n`` envs (§3.1)."""
+    """Zero acting state for ``n`` envs (nets.py:39-45@2411f7d)."""
     return Carry(
         deter=jnp.zeros((n, config.deter), jnp.float32),
         stoch=jnp.zeros((n, config.stoch, config.classes), jnp.float32),
@@ -352,7 +356,8 @@ def policy_step(
     key: Array,
     deterministic: bool = False,
 ) -> tuple[Array, Carry, Array, Array]:
-    """One acting step for ``n`` envs (§3.6 obs_step, §7.1, §11.1).
+    """One acting step for ``n`` envs (nets.py:53-76@2411f7d obs_step, agent.py:145-180@2411f7d,
+    agent.py:158-160@2411f7d).
 
     Args:
         params: at least {"enc", "dyn", "actor"} (see :func:`policy_params`).
@@ -450,8 +455,8 @@ def observe(
     is_first: Array,
     noise: Array,
 ) -> tuple[Array, Array, Array]:
-    """Posterior rollout over T (§3.6, §6): returns deter (B, T, D), stoch (B, T, S, C) (straight-through
-    samples) and posterior log-probabilities (B, T, S, C).
+    """Posterior rollout over T (nets.py:53-76@2411f7d, agent.py:246-251@2411f7d): returns deter (B, T, D),
+    stoch (B, T, S, C) (straight-through samples) and posterior log-probabilities (B, T, S, C).
 
     The action projection ``dynin2`` does not depend on the recurrent state, so it runs once for all
     (B, T) rows before the scan.
@@ -512,7 +517,7 @@ class _Imagined(NamedTuple):
 def imagine(
     config: DreamerV3Config, params: dict, deter: Array, stoch: Array, noise: Noise, heads: dict | None = None
 ) -> _Imagined:
-    """Imagination from N start states over H steps (§7.3), entirely without gradient.
+    """Imagination from N start states over H steps (agent.py:267-298@2411f7d), entirely without gradient.
 
     Step k takes state k, samples action k with ``noise.imag_action[k]``, and steps the prior with
     ``noise.imag_stoch[k]`` to state k + 1. The last state's action (``imag_action[H]``) is not needed
@@ -625,12 +630,14 @@ def loss_fn(
     batch: dict[str, Array],
     noise: Noise,
 ) -> tuple[Array, dict[str, Any]]:
-    """The total DreamerV3 loss of one batch (§6-§8.1, §11), differentiable w.r.t. ``params``.
+    """The total DreamerV3 loss of one batch (agent.py:246-373,413-415@2411f7d;
+    agent.py:172-183@29eb964), differentiable w.r.t. ``params``.
 
     Args:
         params: the optimised parameter trees.
         slow_critic: slow-critic parameters (not differentiated).
-        retnorm: the return normaliser before this step; it is updated inside (before use, §7.6).
+        retnorm: the return normaliser before this step; it is updated inside (before use,
+        jaxutils.py:301-395@2411f7d).
         batch: (B, T+1, ...) replay windows, row 0 the context (see :func:`train_step`).
         noise: the update's randomness (:func:`sample_noise`).
 
@@ -650,7 +657,8 @@ def loss_fn(
     f32 = jnp.float32
     nog = sg({"slow": slow_critic, "rew": params["rew"], "con": params["con"], "critic": params["critic"]})
 
-    # Context (§11.2, with the 29eb964 fix): row 0 gives the initial latent and previous action.
+    # Context (agent.py:188-199@2411f7d, with the fix agent.py:172-183@29eb964): row 0 gives the initial
+    # latent and previous action.
     start = Carry(
         deter=batch["deter"][:, 0].astype(f32),
         stoch=jax.nn.one_hot(batch["stoch"][:, 0], config.classes, dtype=f32),
@@ -665,7 +673,8 @@ def loss_fn(
     cont = 1.0 - is_terminal.astype(f32)
     b, t = reward.shape
 
-    # World model (§3-§6) and the replay critic's logits (§7.9), all heads on the posterior features.
+    # World model (agent.py:246-261@2411f7d) and the replay critic's logits (agent.py:352-373@2411f7d), all
+    # heads on the posterior features.
     embed = N.encode(config, params["enc"], obs)
     deter, stoch, post = observe(config, params["dyn"], start, prev_action, embed, is_first, noise.post)
     prior = N.rssm_prior(config, params["dyn"], deter)
@@ -686,7 +695,8 @@ def loss_fn(
         "rep": free_nats(rep_kl, config.free_nats),
     }
 
-    # Imagination from all B·T posterior states (§7.3), time-major, annotated (§7.4).
+    # Imagination from all B·T posterior states (agent.py:267-298@2411f7d), time-major, annotated
+    # (agent.py:301-317@2411f7d).
     n = b * t
     img = imagine(
         config,
@@ -728,7 +738,8 @@ def loss_fn(
     )
     slow_value = sg(img.slow_value)  # (H, N)
 
-    # Returns, normaliser (updated before use, §7.5-§7.6), actor (§7.7) and critic (§7.8).
+    # Returns, normaliser (updated before use, agent.py:320-326@2411f7d, jaxutils.py:301-395@2411f7d),
+    # actor (agent.py:329-342@2411f7d) and critic (agent.py:345-350@2411f7d).
     ret = sg(imagined_lambda_return(img_reward, img_cont, sg(value), config.lam))  # (N, H)
     retnorm = percentile_norm_update(retnorm, ret, config.retnorm_rate)
     ret_offset, ret_scale = percentile_norm_scale(retnorm, config.retnorm_limit)
@@ -740,7 +751,8 @@ def loss_fn(
     critic_lp += config.slowreg * twohot_log_prob(critic_logits, slow_value, bins)
     losses["critic"] = -weight[:, :-1] * critic_lp.T
 
-    # Replay critic (§7.9): critic on the posterior states with gradient, bootstrapped by R_0.
+    # Replay critic (agent.py:352-373@2411f7d): critic on the posterior states with gradient, bootstrapped by
+    # R_0.
     boot = ret[:, 0].reshape(b, t)
     replay_ret = sg(replay_lambda_return(reward, is_terminal, is_last, boot, config.gamma, config.repval_lam))
     live = 1.0 - is_last[:, :-1].astype(f32)
@@ -845,7 +857,8 @@ def loss_fn(
 def update_with_noise(
     config: DreamerV3Config, state: DreamerState, batch: dict[str, Array], noise: Noise
 ) -> tuple[DreamerState, dict[str, Array], dict[str, Array], dict[str, Any]]:
-    """One update with given noise (§15 steps 2-9); ``state.key`` is left unchanged.
+    """One update with given noise (the reference's train step after sampling,
+    agent.py:188-218@2411f7d); ``state.key`` is left unchanged.
 
     Returns:
         (new state, scalar metrics, replay latents, aux with "grads" (before AGC), "updates" (the applied
@@ -877,7 +890,8 @@ def update_with_noise(
 def train_step(
     config: DreamerV3Config, state: DreamerState, batch: dict[str, Array]
 ) -> tuple[DreamerState, dict[str, Array], dict[str, Array]]:
-    """One DreamerV3 update on a batch of replay windows (§11, §15).
+    """One DreamerV3 update on a batch of replay windows (agent.py:188-218@2411f7d;
+    agent.py:172-183@29eb964).
 
     Args:
         batch: arrays with a leading (B, T+1): "obs" (B, T+1, O) f32, "action" (B, T+1, A) f32

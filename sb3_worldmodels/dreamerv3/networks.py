@@ -1,7 +1,7 @@
 """DreamerV3 networks for flat vector observations (flax.linen), and their sampling helpers.
 
-Module and parameter names mirror the reference state names (``specs/dreamerv3.md`` §2-§5, §7), so a
-reference checkpoint maps onto these trees one to one:
+Module and parameter names mirror the reference state names (nets.py:16-813@2411f7d, agent.py:63-83@2411f7d),
+so a reference checkpoint maps onto these trees one to one:
 
 - ``enc``: ``mlp0..`` (symlog, then Linear+RMSNorm+SiLU layers; the last activation is the embedding).
 - ``dyn``: the RSSM: ``dynin0..2``, ``dyn0`` and ``dyncore`` (block GRU), ``img0..``/``imglogit`` (prior),
@@ -104,7 +104,8 @@ def outscale(module: str, layer: str) -> float:
 
 
 class Encoder(nn.Module):
-    """symlog(obs) → ``layers`` × [Linear(U) + RMSNorm + SiLU] (§4.1). (..., O) → (..., U)."""
+    """symlog(obs) → ``layers`` × [Linear(U) + RMSNorm + SiLU] (nets.py:249-256@2411f7d).
+    (..., O) → (..., U)."""
 
     units: int
     layers: int = 3
@@ -140,7 +141,8 @@ class Decoder(nn.Module):
 
 
 class Head(nn.Module):
-    """``layers`` hidden layers ``h{i}`` → ``out`` Linear(outputs) with ``outscale`` (§5, §7.2).
+    """``layers`` hidden layers ``h{i}`` → ``out`` Linear(outputs) with ``outscale`` (nets.py:432-438@2411f7d,
+    configs.yaml:122-123,129@2411f7d).
 
     Reward and critic: outputs = n bins, outscale 0; continue: outputs = 1, outscale 1.
     (..., F) → (..., outputs).
@@ -160,7 +162,8 @@ class Head(nn.Module):
 
 
 class Actor(nn.Module):
-    """``layers`` hidden layers ``h{i}`` → ``out`` Linear(A) [+ ``std`` Linear(A)], outscale 0.01 (§7.1).
+    """``layers`` hidden layers ``h{i}`` → ``out`` Linear(A) [+ ``std`` Linear(A)], outscale 0.01
+    (agent.py:63-70@2411f7d).
 
     Returns ``(out, std_pre)``, each (..., A); ``std_pre`` is None for discrete actions.
     """
@@ -183,7 +186,7 @@ class Actor(nn.Module):
 
 
 class RSSM(nn.Module):
-    """Recurrent state-space model with a block GRU core (§3).
+    """Recurrent state-space model with a block GRU core (nets.py:16-220@2411f7d).
 
     Methods (apply with ``method=``): :meth:`core` (block GRU step), :meth:`prior` and
     :meth:`posterior` (unimixed categorical log-probabilities). ``__call__`` touches every layer
@@ -211,7 +214,7 @@ class RSSM(nn.Module):
         self.obslogit = Dense(self.stoch * self.classes)
 
     def core(self, deter: Array, stoch: Array, action: Array) -> Array:
-        """Block GRU step (§3.2): h (..., D), z (..., S, C), a (..., A) → h' (..., D)."""
+        """Block GRU step (nets.py:119-173@2411f7d): h (..., D), z (..., S, C), a (..., A) → h' (..., D)."""
         g = self.blocks
         stoch = stoch.reshape(*stoch.shape[:-2], self.stoch * self.classes)
         action = action / jax.lax.stop_gradient(jnp.maximum(1.0, jnp.abs(action)))
@@ -229,14 +232,15 @@ class RSSM(nn.Module):
         return update * cand + (1.0 - update) * deter
 
     def prior(self, deter: Array) -> Array:
-        """(..., D) → unimixed prior log-probabilities (..., S, C) (§3.3)."""
+        """(..., D) → unimixed prior log-probabilities (..., S, C) (nets.py:112-117@2411f7d)."""
         x = deter
         for layer in self.img:
             x = layer(x)
         return self._logits(self.imglogit(x))
 
     def posterior(self, deter: Array, embed: Array) -> Array:
-        """h' (..., D), embed (..., U) → unimixed posterior log-probabilities (..., S, C) (§3.4)."""
+        """h' (..., D), embed (..., U) → unimixed posterior log-probabilities (..., S, C)
+        (nets.py:66-69@2411f7d)."""
         x = jnp.concatenate([deter, embed], -1)
         for layer in self.obs:
             x = layer(x)
@@ -290,12 +294,13 @@ def make_networks(config: DreamerV3Config) -> Networks:
 
 
 def features(deter: Array, stoch: Array) -> Array:
-    """Model features [deter, flat stoch] (§2.5): (..., D), (..., S, C) → (..., D + S·C)."""
+    """Model features [deter, flat stoch] (nets.py:786-813@2411f7d):
+    (..., D), (..., S, C) → (..., D + S·C)."""
     return jnp.concatenate([deter, stoch.reshape(*stoch.shape[:-2], -1)], -1)
 
 
 def sample_onehot(logits: Array, gumbel: Array) -> Array:
-    """Straight-through one-hot sample onehot + (p − sg(p)) (§3.5, §9.5), by Gumbel-max.
+    """Straight-through one-hot sample onehot + (p − sg(p)) (jaxutils.py:103-121@2411f7d), by Gumbel-max.
 
     ``argmax(logits + gumbel)`` with i.i.d. standard Gumbel noise is an exact categorical sample.
     Taking the noise as an input makes the sample source injectable: a recorded one-hot ``y`` is
@@ -315,7 +320,7 @@ def sample_onehot(logits: Array, gumbel: Array) -> Array:
 
 
 def actor_dist(config: DreamerV3Config, out: Array, std_pre: Array | None) -> tuple[Array, Array | None]:
-    """Actor distribution parameters (§7.1).
+    """Actor distribution parameters (nets.py:486-493,518-529@2411f7d).
 
     Discrete: (unimixed log-probabilities (..., A), None). Continuous: (mean = tanh(out),
     std in [minstd, maxstd]), each (..., A).
@@ -461,7 +466,8 @@ def rssm_prepare(config: DreamerV3Config, p: dict, for_gradient: bool = False) -
 def rssm_core(
     config: DreamerV3Config, p: dict, deter: Array, stoch: Array, action: Array, dynin2: Array | None = None
 ) -> Array:
-    """:meth:`RSSM.core` on prepared parameters (:func:`rssm_prepare`): block GRU step (§3.2).
+    """:meth:`RSSM.core` on prepared parameters (:func:`rssm_prepare`): block GRU step
+    (nets.py:119-173@2411f7d).
 
     deter (M, D), stoch (M, S, C) or (M, S·C), action (M, A) → (M, D); ``dynin2`` optionally gives
     the action projection precomputed (it does not depend on the recurrent state).
@@ -515,7 +521,7 @@ def rssm_core_blocks(
 
 
 def rssm_logits(config: DreamerV3Config, x: Array) -> Array:
-    """Logit layer output (..., S·C) → unimixed log-probabilities (..., S, C) (§3.5)."""
+    """Logit layer output (..., S·C) → unimixed log-probabilities (..., S, C) (nets.py:207-220@2411f7d)."""
     x = x.reshape(*x.shape[:-1], config.stoch, config.classes)
     return unimix_logits(x, config.unimix)
 

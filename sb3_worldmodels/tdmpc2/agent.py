@@ -1,4 +1,5 @@
-"""The pure-JAX TD-MPC2 core: state, update and MPPI planning (``specs/tdmpc2.md`` §2-§4, §8.2).
+"""The pure-JAX TD-MPC2 core: state, update and MPPI planning (tdmpc2.py:69-286@b67b21c; terminations
+tdmpc2.py:127-137,258,283-305@7ec6bc8).
 
 Everything here is a pure function of explicit arguments; ``config`` is a static (hashable) argument.
 
@@ -166,7 +167,8 @@ def td_target(
     pair: Array,
     dropout_key: Array | None,
 ) -> tuple[Array, dict]:
-    """r + γ·(1 − terminated)·min of a target-Q pair at (z', π(z')) (``tdmpc2.py:197-212``; §8.2).
+    """r + γ·(1 − terminated)·min of a target-Q pair at (z', π(z')) (``tdmpc2.py:197-212@b67b21c``;
+    ``tdmpc2.py:258@7ec6bc8``).
 
     next_z (H, B, L), reward (H, B), terminated (H, B) or None → (H, B), and the pieces.
     """
@@ -286,7 +288,7 @@ def update_with_noise(
     grad_fn = jax.value_and_grad(world_model_loss, argnums=1, has_aux=True)
     (total, aux), grads = grad_fn(config, wm, pi, state.target_qs, batch, noise)
 
-    # Clip jointly with the policy's stale gradient (b67b21c, §3.3 step 6), then Adam.
+    # Clip jointly with the policy's stale gradient (tdmpc2.py:180,232,267@b67b21c), then Adam.
     wm_sq = squared_global_norm(grads)
     stale = state.pi_grad_sq if config.stale_pi_grad_in_clip else 0.0
     grad_norm = jnp.sqrt(wm_sq + stale)
@@ -380,7 +382,7 @@ def estimate_value(
 ) -> Array:
     """Σ_t γ^t r̂_t + γ^H·avgQ(z_H, π(z_H)) for candidates ``actions`` (H, S, A) from z (S, L) → (S,).
 
-    Episodic: a candidate stops collecting once the termination head fires (§8.2).
+    Episodic: a candidate stops collecting once the termination head fires (tdmpc2.py:127-137@7ec6bc8).
     """
     value = jnp.zeros(z.shape[:-1], jnp.float32)
     done = jnp.zeros(z.shape[:-1], jnp.float32)

@@ -62,10 +62,11 @@ class TDMPC2(WorldModelAlgorithm):
         an env that does not say it is refused unless ``discount`` and ``seed_steps`` are given.
     :param iterations: MPPI iterations; 2 more are run when the action has 20 or more dimensions,
         as the reference adds them to the configured count (tdmpc2.py:30@b67b21c).
-    :param discount: None for the reference's heuristic from the episode length (§3.2).
+    :param discount: None for the reference's heuristic from the episode length (tdmpc2.py:31-48@b67b21c).
     :param seed_steps: agent steps of uniform random actions, after which that many updates run in a
         row, then one per agent step (None: max(1000, 5 x episode length in agent steps)).
-    :param episodic: learn terminations (head, masked TD targets, planner masks; spec §8.2). Without
+    :param episodic: learn terminations (head, masked TD targets, planner masks; world_model.py:28@7ec6bc8,
+        tdmpc2.py:127-137,258,283-305@7ec6bc8). Without
         it an env that terminates is refused.
     """
 

@@ -1,4 +1,5 @@
-"""TD-MPC2 networks as pure functions of explicit parameter trees (``specs/tdmpc2.md`` §2).
+"""TD-MPC2 networks as pure functions of explicit parameter trees (layers.py:7-97@b67b21c,
+world_model.py:20-174@b67b21c, init.py:4-22@b67b21c, math.py:5-95@b67b21c).
 
 Parameter tree of one agent (``init_params``), every layer a dict:
 
@@ -31,7 +32,7 @@ from sb3_worldmodels.tdmpc2.config import TDMPC2Config
 Array = jax.Array
 
 LN_EPS = 1e-5
-"""PyTorch's LayerNorm epsilon (spec §10 item 1)."""
+"""PyTorch's LayerNorm epsilon (nn.LayerNorm's default in NormedLinear, layers.py:50-72@b67b21c)."""
 INIT_STD = 0.02
 """Std of every linear weight at init (``init.py:4-22``; the ±2 absolute truncation is a no-op)."""
 
@@ -133,12 +134,12 @@ def mlp(
 
 
 # ------------------------------------------------------------------------------------------------
-# Initialisation (§2.6)
+# Initialisation (init.py:4-22@b67b21c, world_model.py:29-31@b67b21c)
 # ------------------------------------------------------------------------------------------------
 
 
 def layer_shapes(config: TDMPC2Config) -> dict[str, list[tuple[int, int, bool]]]:
-    """Per module, its layers as (in, out, normed), in order (§2.2)."""
+    """Per module, its layers as (in, out, normed), in order (world_model.py:24-31@b67b21c)."""
     lat, act, hid = config.latent_dim, config.action_dim, config.mlp_dim
 
     def stack(inp: int, hidden: list[int], out: int, normed_out: bool) -> list[tuple[int, int, bool]]:
@@ -161,7 +162,8 @@ def layer_shapes(config: TDMPC2Config) -> dict[str, list[tuple[int, int, bool]]]
 
 def init_params(config: TDMPC2Config, key: Array) -> tuple[dict, dict]:
     """Fresh (params, target Q params): weights N(0, 0.02²), biases 0, LayerNorm scale 1 / offset 0,
-    the last layers of the reward head and of every Q member zero; the target Qs a copy (§2.6).
+    the last layers of the reward head and of every Q member zero; the target Qs a copy (init.py:4-22@b67b21c,
+    world_model.py:29-31@b67b21c).
 
     All weights are cut from one normal draw of ``key`` (one small computation to compile). Traceable.
     """
@@ -218,7 +220,8 @@ def reward_logits(config: TDMPC2Config, params: dict, z: Array, action: Array) -
 
 
 def termination_logit(config: TDMPC2Config, params: dict, z: Array) -> Array:
-    """Episodic only: (..., L) → (...) logit that the transition into z terminated (spec §8.2)."""
+    """Episodic only: (..., L) → (...) logit that the transition into z terminated
+    (world_model.py:28@7ec6bc8)."""
     return mlp(params["termination"], z, "linear", config)[..., 0]
 
 
@@ -267,7 +270,8 @@ def policy(config: TDMPC2Config, params: dict, z: Array, eps: Array) -> tuple[Ar
     """The policy prior with injected noise ``eps`` ~ N(0, I) (``world_model.py:124-150``).
 
     Returns (mu, pi, log_pi, log_std): tanh mean, tanh sample, the reference's "log-prob" (the
-    Gaussian residual scaled by A, then the tanh correction; §2.3) (...,), and the log-std (..., A).
+    Gaussian residual scaled by A, then the tanh correction; math.py:27-45@b67b21c) (...,), and the log-std
+    (..., A).
     """
     return policy_head(config, mlp(params["pi"], z, "linear", config), eps)
 
