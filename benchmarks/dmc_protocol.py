@@ -90,14 +90,9 @@ def run(agent: str, task: str, seed: int, smoke: bool = False, frames: int | Non
     train_env = make_vec_env(env_fn, n_envs=n_envs, seed=seed)
     episode_frames = _episode_frames(task, make_kwargs) if smoke else EPISODE_FRAMES
     kwargs = {**protocol["kwargs"], **(SMOKE[agent] if smoke else {})}
-    model = protocol["cls"](
-        "MlpPolicy",
-        train_env,
-        action_repeat=ACTION_REPEAT,
-        episode_length=int(episode_frames),
-        seed=seed,
-        **kwargs,
-    )
+    if agent == "tdmpc2":  # its discount and seed_steps follow the episode length
+        kwargs["episode_length"] = int(episode_frames)
+    model = protocol["cls"]("MlpPolicy", train_env, action_repeat=ACTION_REPEAT, seed=seed, **kwargs)
     callback = EvalEvery(
         lambda: make_vec_env(env_fn, n_envs=1, seed=10_000 + seed, vec_env_cls=DummyVecEnv),
         every // ACTION_REPEAT,

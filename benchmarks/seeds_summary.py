@@ -18,6 +18,8 @@ from plot_curves import svg_chart
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 FIGURES = HERE.parent / "docs" / "figures"
+PAGE = HERE.parent / "docs" / "performance.md"
+MARKERS = ("<!-- seeds-summary-table:start -->", "<!-- seeds-summary-table:end -->")
 
 CHECKS = {
     ("tdmpc2", "pendulum"): "TD-MPC2 Pendulum-v1, size 1, 6,000 steps (final evaluation)",
@@ -104,7 +106,20 @@ def main() -> None:
         path = figure(key, runs, reference.get(f"{key[0]}_{key[1]}", []))
         if path:
             print(path)
-    print(table(results))
+    text = table(results)
+    print(text)
+    write_table(PAGE, text)
+
+
+def write_table(page: Path, text: str) -> None:
+    """Replace the table between the page's markers (the page is left alone without them)."""
+    content = page.read_text()
+    start, end = MARKERS
+    if start not in content or end not in content:
+        return
+    head, rest = content.split(start, 1)
+    _, tail = rest.split(end, 1)
+    page.write_text(f"{head}{start}\n{text}\n{end}{tail}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ def add_episode(replay, env, episode_id, steps):
                 "reward": np.array([10.0 * k], np.float32),
             },
         )
-    return replay.end_episode(env)
+    replay.finish_episode(env)
+    return replay.store_finished() == 1
 
 
 @pytest.mark.parametrize("last", [False, True])

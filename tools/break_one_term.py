@@ -7,9 +7,10 @@ run against the copy. A break that no test catches is a missing test.
 
     python tools/break_one_term.py                      # every break, both agents
     python tools/break_one_term.py --agent tdmpc2 --only clip
-    python tools/break_one_term.py --markdown docs/fidelity_checks.md
+    python tools/break_one_term.py --markdown /tmp/breaks.md  # the table for docs/fidelity_checks.md
 
-Writes a JSON record (``--out``) and, with ``--markdown``, the table of docs/fidelity_checks.md.
+Writes a JSON record (``--out``) and, with ``--markdown``, the table that docs/fidelity_checks.md shows
+(the file given is overwritten with the bare table).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Randomness helpers: cheap dropout masks, and keys derived from data.
+"""Randomness helpers: cheap dropout masks, cheap uniform/Gumbel/normal noise, and keys derived from data.
 
 ``jax.random.bernoulli`` runs Threefry-2x32 (20 rounds) per pair of elements; XLA's CPU code for it
 takes about 18 ns per element on this project's 2-core machine, which made TD-MPC2's Q dropout (a
@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.random import threefry_2x32
 
 Array = jax.Array
 
@@ -46,3 +47,38 @@ def hash_bernoulli(key: Array, p: float, shape: tuple[int, ...]) -> Array:
 def fold_in_rows(key: Array, data: Array) -> Array:
     """One key per row: ``fold_in(key, data[i])`` for (n,) uint32 ``data`` → (n, 2) keys."""
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, data)
+
+
+def threefry_uniform(key: Array, n: int) -> Array:
+    """(n,) float32 uniforms in [0, 1): the Threefry-2x32 hash of a counter, 23 bits per value.
+
+    The hash of one counter pair gives two values (half the hashing of ``jax.random.uniform`` in its
+    default "partitionable" counter layout, about 3x faster on CPU). Same map from bits to floats.
+    """
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    bits = threefry_2x32(key, jnp.arange(n + n % 2, dtype=jnp.uint32))[:n]
+    floats = jax.lax.bitcast_convert_type((bits >> 9) | np.uint32(0x3F800000), jnp.float32)
+    return floats - 1.0
+
+
+def gumbel_and_normal_noise(
+    key: Array, shapes: dict[str, tuple[int, ...]], normal: tuple[str, ...] = ()
+) -> dict[str, Array]:
+    """Noise arrays of the given shapes cut from one :func:`threefry_uniform` draw: standard normal for
+    the names in ``normal``, standard Gumbel for the others. The maps from uniforms are those of
+    ``jax.random.normal`` and ``jax.random.gumbel``. One draw compiles much faster than one per array
+    (each is its own copy of the generator's hash)."""
+    sizes = [int(np.prod(shape)) for shape in shapes.values()]
+    u = threefry_uniform(key, sum(sizes))
+    out, offset = {}, 0
+    for (name, shape), size in zip(shapes.items(), sizes, strict=True):
+        x = u[offset : offset + size].reshape(shape)
+        offset += size
+        if name in normal:
+            lo = np.nextafter(np.float32(-1.0), np.float32(0.0))
+            out[name] = np.float32(np.sqrt(2.0)) * jax.lax.erf_inv(jnp.maximum(lo, x * (1.0 - lo) + lo))
+        else:
+            tiny = np.finfo(np.float32).tiny
+            out[name] = -jnp.log(-jnp.log(jnp.maximum(tiny, x * (1.0 - tiny) + tiny)))
+    return out

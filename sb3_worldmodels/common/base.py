@@ -450,6 +450,8 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             )
 
     def set_env(self, env: Any, force_reset: bool = True) -> None:
+        """SB3's ``set_env`` (same spaces and number of envs), with the agent's VecNormalize checks; the
+        agent's per-env state restarts (every env begins a new episode)."""
         self._check_env(self._wrap_env(env, self.verbose) if not isinstance(env, VecEnv) else env)
         super().set_env(env, force_reset=force_reset)
         self._rollout = None
@@ -826,6 +828,9 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         reset_num_timesteps: bool = True,
         progress_bar: bool = False,
     ):
+        """SB3's ``learn``: collect ``total_timesteps`` (replay rows for DreamerV3, agent steps for
+        TD-MPC2) and run the updates the agent's own schedule owes after each vector step. The
+        TensorBoard run is named after the algorithm unless ``tb_log_name`` is given."""
         return super().learn(
             total_timesteps,
             callback=callback,

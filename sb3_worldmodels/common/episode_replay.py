@@ -145,13 +145,6 @@ class EpisodeReplay(ReplayBuffer):
         for j, env in enumerate(np.asarray(envs)):
             self._open[int(env)].append({name: np.array(entries[name][j]) for name in self.fields})
 
-    def end_episode(self, env: int) -> bool:
-        """Store the running episode of ``env`` (its entries so far) and start a new one.
-
-        Returns whether it was stored (an episode with no valid window is dropped)."""
-        entries, self._open[env] = self._open[env], []
-        return self._store(entries)
-
     def finish_episode(self, env: int) -> None:
         """End the running episode of ``env`` without storing it yet: :meth:`store_finished` stores it.
         (The reference's loop adds a finished episode to its buffer at the start of the next step.)"""

@@ -6,6 +6,8 @@ Everything here is a pure function of explicit arguments; ``config`` is a static
 - :func:`init_state` builds a :class:`DreamerState` (params, slow critic, optimiser state, return
   normaliser, PRNG key, update counter).
 - :func:`policy_step` takes one acting step for ``n`` envs, threading a :class:`Carry`.
+- :func:`loss_fn` is the loss of one batch: :func:`world_model_loss`, :func:`imagination_loss` (actor
+  and critic) and :func:`replay_value_loss`, as the reference's loss groups.
 - :func:`train_step` does one update on a batch of (B, T+1) replay windows; :func:`train_many` scans
   it over a leading K axis. Jitted versions: :data:`policy_step_jit`, :data:`train_step_jit`,
   :data:`train_many_jit`.
@@ -29,7 +31,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.extend.random import threefry_2x32
 
 from sb3_worldmodels.blocks.distributions import (
     balance_stats,
@@ -44,7 +45,6 @@ from sb3_worldmodels.blocks.distributions import (
     symlog_mse_log_prob,
 )
 from sb3_worldmodels.blocks.jit import agent_jit
-from sb3_worldmodels.blocks.layers import TRUNC_NORMAL_STD_CORRECTION
 from sb3_worldmodels.blocks.math import (
     imagination_weight,
     imagined_lambda_return,
@@ -62,13 +62,15 @@ from sb3_worldmodels.blocks.normalizers import (
     percentile_norm_update,
 )
 from sb3_worldmodels.blocks.optim import global_norm, laprop, with_learning_rate
+from sb3_worldmodels.blocks.random import gumbel_and_normal_noise
 from sb3_worldmodels.dreamerv3 import networks as N
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config
 from sb3_worldmodels.dreamerv3.networks import (
+    MODULES,
     actor_dist,
     actor_mode,
     features,
-    make_networks,
+    init_params,
     sample_onehot,
 )
 
@@ -82,6 +84,7 @@ __all__ = [
     "Noise",
     "init_carry",
     "init_params",
+    "imagination_loss",
     "init_state",
     "loss_fn",
     "make_optimizer",
@@ -89,6 +92,7 @@ __all__ = [
     "policy_params",
     "policy_step",
     "policy_step_jit",
+    "replay_value_loss",
     "sample_noise",
     "set_learning_rate",
     "train_many",
@@ -96,10 +100,8 @@ __all__ = [
     "train_step",
     "train_step_jit",
     "update_with_noise",
+    "world_model_loss",
 ]
-
-MODULES = ("enc", "dyn", "dec", "rew", "con", "actor", "critic")
-"""The optimised modules, in the reference's order (agent.py:101-103)."""
 
 POLICY_MODULES = ("enc", "dyn", "actor")
 """The modules :func:`policy_step` needs (the reference's policy keys ``/(enc|dyn|actor)/``)."""
@@ -170,84 +172,6 @@ def head_bins(config: DreamerV3Config) -> Array:
     return jnp.asarray(symexp_bins(config.bins))
 
 
-def _flax_init(config: DreamerV3Config, key: Array) -> tuple[dict, dict]:
-    """The modules' own flax ``init``; :func:`init_params` uses its tree structure and shapes."""
-    nets = make_networks(config)
-    keys = dict(zip((*MODULES, "slow_critic"), jax.random.split(key, len(MODULES) + 1), strict=True))
-    n = 1
-    deter = jnp.zeros((n, config.deter), jnp.float32)
-    stoch = jnp.zeros((n, config.stoch, config.classes), jnp.float32)
-    action = jnp.zeros((n, config.action_dim), jnp.float32)
-    obs = jnp.zeros((n, config.obs_dim), jnp.float32)
-    feat = jnp.zeros((n, config.feat_dim), jnp.float32)
-    embed = jnp.zeros((n, config.units), jnp.float32)
-    params = {
-        "enc": nets.enc.init(keys["enc"], obs)["params"],
-        "dyn": nets.dyn.init(keys["dyn"], deter, stoch, action, embed)["params"],
-        "dec": nets.dec.init(keys["dec"], feat)["params"],
-        "rew": nets.rew.init(keys["rew"], feat)["params"],
-        "con": nets.con.init(keys["con"], feat)["params"],
-        "actor": nets.actor.init(keys["actor"], feat)["params"],
-        "critic": nets.critic.init(keys["critic"], feat)["params"],
-    }
-    slow_critic = nets.critic.init(keys["slow_critic"], feat)["params"]
-    return params, slow_critic
-
-
-@functools.cache
-def _param_layout(config: DreamerV3Config) -> tuple[Any, list[tuple[tuple[int, ...], float, float]], int]:
-    """(tree structure, per leaf (shape, kernel std or 0, fill value), number of drawn values)."""
-    shapes = jax.eval_shape(lambda k: _flax_init(config, k), jax.ShapeDtypeStruct((2,), jnp.uint32))
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-    specs = []
-    for path, leaf in leaves:
-        tree, *names = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
-        std = 0.0
-        if names[-1] == "kernel":
-            module = names[0] if tree == 0 else "critic"  # tree 1 is the slow critic
-            outscale = N.outscale(module, names[-2])  # type: ignore[arg-type]
-            std = TRUNC_NORMAL_STD_CORRECTION * outscale / float(np.sqrt(np.prod(leaf.shape[:-1])))
-        specs.append((tuple(leaf.shape), std, 1.0 if names[-1] == "scale" else 0.0))
-    total = sum(int(np.prod(shape)) for shape, std, _ in specs if std)
-    return treedef, specs, total
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _kernel_draw(key: Array, total: int) -> Array:
-    return jax.random.truncated_normal(key, -2.0, 2.0, (total,), jnp.float32)
-
-
-def _assemble_params(config: DreamerV3Config, key: Array, xp: Any) -> tuple[dict, dict]:
-    treedef, specs, total = _param_layout(config)
-    flat = _kernel_draw(key, total)
-    if xp is np:
-        flat = np.asarray(flat)
-    values, offset = [], 0
-    for shape, std, fill in specs:
-        if not std:  # biases, norm scales and zero-scaled kernels
-            values.append(xp.full(shape, fill, np.float32))
-            continue
-        size = int(np.prod(shape))
-        values.append(flat[offset : offset + size].reshape(shape) * np.float32(std))
-        offset += size
-    return jax.tree_util.tree_unflatten(treedef, values)
-
-
-def init_params(config: DreamerV3Config, key: Array) -> tuple[dict, dict]:
-    """Fresh parameters (nets.py:816-884@2411f7d): (params of :data:`MODULES`, an independently initialised
-    slow critic).
-
-    The trees are those of the flax modules (:func:`~sb3_worldmodels.dreamerv3.networks.make_networks`)
-    and the values follow their initialisers' distributions: every kernel N(0, 1) truncated to
-    [−2, 2] times 1.1368·outscale/sqrt(fan-in) (fan-in: all kernel axes but the last; outscale from
-    :data:`~sb3_worldmodels.dreamerv3.networks.OUTSCALES`, else 1), biases 0 and norm scales 1. All
-    kernels are cut from one draw of ``key``: one small computation to compile instead of one per
-    layer (running flax's init op by op compiles every operation separately and takes seconds).
-    Traceable (e.g. under ``jax.eval_shape``).
-    """
-    return _assemble_params(config, key, jnp)
-
-
 def init_state(config: DreamerV3Config, key: Array) -> DreamerState:
     """A fresh agent state from a (2,) uint32 PRNG key.
 
@@ -258,7 +182,7 @@ def init_state(config: DreamerV3Config, key: Array) -> DreamerState:
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.key_data(key)
     key, init_key = jax.random.split(key)
-    params, slow_critic = _assemble_params(config, init_key, np)
+    params, slow_critic = init_params(config, init_key, on_host=True)
     opt_shapes = jax.eval_shape(make_optimizer(config).init, params)
     opt_state = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), opt_shapes)
     params, slow_critic, opt_state = jax.device_put((params, slow_critic, opt_state))
@@ -396,40 +320,11 @@ def policy_step(
     return action, Carry(deter, stoch, action), deter, jnp.argmax(stoch, -1).astype(jnp.int32)
 
 
-def _uniform(key: Array, n: int) -> Array:
-    """(n,) float32 uniforms in [0, 1): the Threefry-2x32 hash of a counter, 23 bits per value.
-
-    The hash of one counter pair gives two values (half the hashing of ``jax.random.uniform`` in its
-    default "partitionable" counter layout, about 3x faster on CPU). Same map from bits to floats.
-    """
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        key = jax.random.key_data(key)
-    bits = threefry_2x32(key, jnp.arange(n + n % 2, dtype=jnp.uint32))[:n]
-    floats = jax.lax.bitcast_convert_type((bits >> 9) | np.uint32(0x3F800000), jnp.float32)
-    return floats - 1.0
-
-
 def _draw_noise(config: DreamerV3Config, key: Array, shapes: dict[str, tuple[int, ...]]) -> dict[str, Array]:
     """Gumbel noise for the categorical samples and the action noise (Gumbel for a discrete actor,
-    ε ~ N(0, 1) for a continuous one), of the given shapes, cut from one uniform draw.
-
-    ``shapes`` maps names to shapes; the name "action" is the action noise, every other one Gumbel.
-    The maps from uniforms are those of ``jax.random.gumbel`` and ``jax.random.normal``. One draw
-    compiles much faster than one per array (each is its own copy of the generator's hash).
-    """
-    sizes = [int(np.prod(shape)) for shape in shapes.values()]
-    u = _uniform(key, sum(sizes))
-    out, offset = {}, 0
-    for (name, shape), size in zip(shapes.items(), sizes, strict=True):
-        x = u[offset : offset + size].reshape(shape)
-        offset += size
-        if name == "action" and not config.discrete:
-            lo = np.nextafter(np.float32(-1.0), np.float32(0.0))
-            out[name] = np.float32(np.sqrt(2.0)) * jax.lax.erf_inv(jnp.maximum(lo, x * (1.0 - lo) + lo))
-        else:
-            tiny = np.finfo(np.float32).tiny
-            out[name] = -jnp.log(-jnp.log(jnp.maximum(tiny, x * (1.0 - tiny) + tiny)))
-    return out
+    ε ~ N(0, 1) for a continuous one), of the given shapes, cut from one uniform draw
+    (:func:`~sb3_worldmodels.blocks.random.gumbel_and_normal_noise`; "action" is the action noise)."""
+    return gumbel_and_normal_noise(key, shapes, normal=() if config.discrete else ("action",))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -631,7 +526,9 @@ def loss_fn(
     noise: Noise,
 ) -> tuple[Array, dict[str, Any]]:
     """The total DreamerV3 loss of one batch (agent.py:246-373,413-415@2411f7d;
-    agent.py:172-183@29eb964), differentiable w.r.t. ``params``.
+    agent.py:172-183@29eb964), differentiable w.r.t. ``params``: the world model's losses
+    (:func:`world_model_loss`), the actor's and critic's on imagined trajectories
+    (:func:`imagination_loss`) and the replay critic's (:func:`replay_value_loss`), each scaled.
 
     Args:
         params: the optimised parameter trees.
@@ -646,37 +543,77 @@ def loss_fn(
         "latents": {"deter": (B, T, D), "stoch": (B, T, S) int32}, "internals": every intermediate
         tensor by name (for tests and diagnostics; unused outputs cost nothing under jit)}.
 
-    How the work is laid out (the math is that of the spec): heads that read the same features
-    share one matmul for their first layers (decoder, reward, continue and critic on the replay
-    features; actor and critic on the imagined ones); the heads whose imagined outputs carry no
-    gradient (slow critic, reward, continue) run inside the imagination scan (:func:`imagine`);
-    imagined tensors are time-major (H, N, ...); each head runs only on the imagined states the loss
-    reads, and the diagnostics' other rows are computed apart (dropped under jit when unused).
+    How the work is laid out: heads that read the same features share one matmul for their first
+    layers (decoder, reward, continue and critic on the replay features; actor and critic on the
+    imagined ones); the heads whose imagined outputs carry no gradient (slow critic, reward,
+    continue) run inside the imagination scan (:func:`imagine`); imagined tensors are time-major
+    (H, N, ...); each head runs only on the imagined states the loss reads, and the diagnostics'
+    other rows are computed apart (dropped under jit when unused).
     """
-    bins = head_bins(config)
+    frozen = sg({"slow": slow_critic, "rew": params["rew"], "con": params["con"], "critic": params["critic"]})
+    rows = _trained_rows(config, batch)
+    wm, losses = world_model_loss(config, params, frozen, rows, noise)
+    imag, imag_losses, retnorm = imagination_loss(config, params, frozen, wm, rows, retnorm, noise)
+    replay_ret, repval = replay_value_loss(config, wm, rows, imag["ret"])
+    losses = {**losses, **imag_losses, "repval": repval}
+    scales = {
+        "rec": config.rec_scale,
+        "rew": config.rew_scale,
+        "con": config.con_scale,
+        "dyn": config.dyn_scale,
+        "rep": config.rep_scale,
+        "actor": config.actor_scale,
+        "critic": config.critic_scale,
+        "repval": config.repval_scale,
+    }
+    means = {k: v.mean() for k, v in losses.items()}
+    total: Array = sum(scales[k] * means[k] for k in losses)  # type: ignore[assignment]
+    metrics = _loss_metrics(config, means, total, wm, imag, rows, retnorm, replay_ret, losses["rew"])
+    internals = {
+        **wm,
+        **_imagination_internals(config, params, frozen, imag, noise),
+        "replay_ret": replay_ret,
+        "losses": losses,
+    }
+    latents = {"deter": sg(wm["post_deter"]), "stoch": jnp.argmax(wm["post_stoch"], -1).astype(jnp.int32)}
+    aux = {"metrics": metrics, "retnorm": retnorm, "latents": latents, "internals": internals}
+    return total, aux
+
+
+def _trained_rows(config: DreamerV3Config, batch: dict[str, Array]) -> dict[str, Any]:
+    """The trained rows t = 1..T of (B, T+1, ...) windows, float32, and the context of row 0.
+
+    Context (agent.py:188-199@2411f7d, with the fix agent.py:172-183@29eb964): row 0 gives the
+    initial latent and previous action."""
     f32 = jnp.float32
-    nog = sg({"slow": slow_critic, "rew": params["rew"], "con": params["con"], "critic": params["critic"]})
-
-    # Context (agent.py:188-199@2411f7d, with the fix agent.py:172-183@29eb964): row 0 gives the initial
-    # latent and previous action.
-    start = Carry(
-        deter=batch["deter"][:, 0].astype(f32),
-        stoch=jax.nn.one_hot(batch["stoch"][:, 0], config.classes, dtype=f32),
-        action=batch["action"][:, 0].astype(f32),
-    )
-    prev_action = batch["action"][:, :-1].astype(f32)  # action t-1 for trained rows t = 1..T
-    obs = batch["obs"][:, 1:].astype(f32)
-    reward = batch["reward"][:, 1:].astype(f32)
-    is_first = batch["is_first"][:, 1:]
-    is_last = batch["is_last"][:, 1:]
     is_terminal = batch["is_terminal"][:, 1:]
-    cont = 1.0 - is_terminal.astype(f32)
-    b, t = reward.shape
+    return {
+        "start": Carry(
+            deter=batch["deter"][:, 0].astype(f32),
+            stoch=jax.nn.one_hot(batch["stoch"][:, 0], config.classes, dtype=f32),
+            action=batch["action"][:, 0].astype(f32),
+        ),
+        "prev_action": batch["action"][:, :-1].astype(f32),  # action t-1 for trained rows t = 1..T
+        "obs": batch["obs"][:, 1:].astype(f32),
+        "reward": batch["reward"][:, 1:].astype(f32),
+        "is_first": batch["is_first"][:, 1:],
+        "is_last": batch["is_last"][:, 1:],
+        "is_terminal": is_terminal,
+        "cont": 1.0 - is_terminal.astype(f32),
+    }
 
-    # World model (agent.py:246-261@2411f7d) and the replay critic's logits (agent.py:352-373@2411f7d), all
-    # heads on the posterior features.
-    embed = N.encode(config, params["enc"], obs)
-    deter, stoch, post = observe(config, params["dyn"], start, prev_action, embed, is_first, noise.post)
+
+def world_model_loss(
+    config: DreamerV3Config, params: dict, frozen: dict, rows: dict[str, Any], noise: Noise
+) -> tuple[dict[str, Array], dict[str, Array]]:
+    """The world model's losses (agent.py:246-261@2411f7d): reconstruction, reward, continue and the
+    dyn/rep KL terms, (B, T) each; and its tensors, with the replay critic's logits on the same
+    posterior features (agent.py:352-373@2411f7d). ``frozen``: the heads without gradient."""
+    bins = head_bins(config)
+    embed = N.encode(config, params["enc"], rows["obs"])
+    deter, stoch, post = observe(
+        config, params["dyn"], rows["start"], rows["prev_action"], embed, rows["is_first"], noise.post
+    )
     prior = N.rssm_prior(config, params["dyn"], deter)
     feat = features(deter, stoch)
     dec_h, rew_h, con_h, critic_h = N.mlp_trunks(feat, state_head_trunks(config, params))
@@ -684,27 +621,58 @@ def loss_fn(
     rew_logits = N.head_out(params["rew"], rew_h)
     con_logits = N.head_out(params["con"], con_h)[..., 0]
     replay_logits = N.head_out(params["critic"], critic_h)
-    replay_slow = sg(twohot_mean(_critic_logits(config, nog["slow"], sg(feat)), bins))
     dyn_kl = categorical_kl(sg(post), prior).sum(-1)
     rep_kl = categorical_kl(post, sg(prior)).sum(-1)
     losses = {
-        "rec": -symlog_mse_log_prob(dec_out, obs),
-        "rew": -twohot_log_prob(rew_logits, reward, bins),
-        "con": -bernoulli_log_prob(con_logits, cont * config.gamma),
+        "rec": -symlog_mse_log_prob(dec_out, rows["obs"]),
+        "rew": -twohot_log_prob(rew_logits, rows["reward"], bins),
+        "con": -bernoulli_log_prob(con_logits, rows["cont"] * config.gamma),
         "dyn": free_nats(dyn_kl, config.free_nats),
         "rep": free_nats(rep_kl, config.free_nats),
     }
+    tensors = {
+        "embed": embed,
+        "post_deter": deter,
+        "post_stoch": stoch,
+        "post_logits": post,
+        "prior_logits": prior,
+        "dyn_kl": dyn_kl,
+        "rep_kl": rep_kl,
+        "dec_out": dec_out,
+        "rew_logits": rew_logits,
+        "con_logits": con_logits,
+        "replay_critic_logits": replay_logits,
+        "replay_critic_mean": twohot_mean(replay_logits, bins),
+        "replay_slow_mean": sg(twohot_mean(_critic_logits(config, frozen["slow"], sg(feat)), bins)),
+    }
+    return tensors, losses
 
-    # Imagination from all B·T posterior states (agent.py:267-298@2411f7d), time-major, annotated
-    # (agent.py:301-317@2411f7d).
-    n = b * t
+
+def imagination_loss(
+    config: DreamerV3Config,
+    params: dict,
+    frozen: dict,
+    wm: dict[str, Array],
+    rows: dict[str, Any],
+    retnorm: PercentileNormState,
+    noise: Noise,
+) -> tuple[dict[str, Any], dict[str, Array], PercentileNormState]:
+    """The actor's and critic's losses (N, H) on trajectories imagined from all N = B·T posterior
+    states (agent.py:267-350@2411f7d): imagination, time-major, annotated with the replay's reward
+    and continue at the start (agent.py:301-317@2411f7d); lambda returns; the return normaliser,
+    updated before use (agent.py:320-326@2411f7d, jaxutils.py:301-395@2411f7d); the actor
+    (agent.py:329-342@2411f7d) and critic (agent.py:345-350@2411f7d). Returns (tensors, losses,
+    the new normaliser)."""
+    bins = head_bins(config)
+    reward, cont = rows["reward"], rows["cont"]
+    n = reward.size
     img = imagine(
         config,
         {"dyn": params["dyn"], "actor": params["actor"]},
-        deter.reshape(n, -1),
-        stoch.reshape(n, config.stoch, config.classes),
+        wm["post_deter"].reshape(n, -1),
+        wm["post_stoch"].reshape(n, config.stoch, config.classes),
         noise,
-        heads={"slow": nog["slow"], "rew": nog["rew"], "con": nog["con"]},
+        heads={"slow": frozen["slow"], "rew": frozen["rew"], "con": frozen["con"]},
     )
     img_feat, last_feat = sg(img.feat), sg(img.last)
     actor_h, critic_h = N.mlp_trunks(
@@ -715,14 +683,14 @@ def loss_fn(
     last_critic_h, last_rew_h, last_con_h = N.mlp_trunks(
         last_feat,
         [
-            _critic_trunk(config, nog["critic"]),
-            _trunk(nog["rew"], "h", config.rew_layers),
-            _trunk(nog["con"], "h", config.con_layers),
+            _critic_trunk(config, frozen["critic"]),
+            _trunk(frozen["rew"], "h", config.rew_layers),
+            _trunk(frozen["con"], "h", config.con_layers),
         ],
     )
-    last_critic_logits = N.head_out(nog["critic"], last_critic_h)
-    last_rew_logits = N.head_out(nog["rew"], last_rew_h)
-    last_con_logits = N.head_out(nog["con"], last_con_h)[..., 0]
+    last_critic_logits = N.head_out(frozen["critic"], last_critic_h)
+    last_rew_logits = N.head_out(frozen["rew"], last_rew_h)
+    last_con_logits = N.head_out(frozen["con"], last_con_h)[..., 0]
 
     # (N, H+1) sequences, index 0 = start: the start's reward and continue come from the replay.
     img_reward = jnp.concatenate(
@@ -738,115 +706,139 @@ def loss_fn(
     )
     slow_value = sg(img.slow_value)  # (H, N)
 
-    # Returns, normaliser (updated before use, agent.py:320-326@2411f7d, jaxutils.py:301-395@2411f7d),
-    # actor (agent.py:329-342@2411f7d) and critic (agent.py:345-350@2411f7d).
     ret = sg(imagined_lambda_return(img_reward, img_cont, sg(value), config.lam))  # (N, H)
     retnorm = percentile_norm_update(retnorm, ret, config.retnorm_rate)
-    ret_offset, ret_scale = percentile_norm_scale(retnorm, config.retnorm_limit)
+    _, ret_scale = percentile_norm_scale(retnorm, config.retnorm_limit)
     adv = sg((ret - value[:, :-1]) / ret_scale)
     log_pi = _actor_log_prob(config, dist, img.action).T
     entropy = actor_entropy(config, dist).T
-    losses["actor"] = -weight[:, :-1] * (log_pi * adv + config.actent * entropy)
     critic_lp = twohot_log_prob(critic_logits, ret.T, bins)
     critic_lp += config.slowreg * twohot_log_prob(critic_logits, slow_value, bins)
-    losses["critic"] = -weight[:, :-1] * critic_lp.T
+    losses = {
+        "actor": -weight[:, :-1] * (log_pi * adv + config.actent * entropy),
+        "critic": -weight[:, :-1] * critic_lp.T,
+    }
+    tensors = {
+        "img": img,
+        "dist": dist,
+        "critic_logits": critic_logits,
+        "last_critic_logits": last_critic_logits,
+        "last_rew_logits": last_rew_logits,
+        "last_con_logits": last_con_logits,
+        "img_reward": img_reward,
+        "img_cont": img_cont,
+        "img_weight": weight,
+        "img_value": value,
+        "slow_value": slow_value,
+        "ret": ret,
+        "ret_scale": ret_scale,
+        "adv": adv,
+        "entropy": entropy,
+    }
+    return tensors, losses, retnorm
 
-    # Replay critic (agent.py:352-373@2411f7d): critic on the posterior states with gradient, bootstrapped by
-    # R_0.
+
+def replay_value_loss(
+    config: DreamerV3Config, wm: dict[str, Array], rows: dict[str, Any], ret: Array
+) -> tuple[Array, Array]:
+    """The replay critic's loss (agent.py:352-373@2411f7d): the critic on the posterior states, with
+    gradient, toward lambda returns of the replay rows bootstrapped by the imagined returns' first
+    step, and toward the slow critic. Returns (replay returns (B, T-1), loss (B, T-1))."""
+    bins = head_bins(config)
+    reward, is_last = rows["reward"], rows["is_last"]
+    b, t = reward.shape
     boot = ret[:, 0].reshape(b, t)
-    replay_ret = sg(replay_lambda_return(reward, is_terminal, is_last, boot, config.gamma, config.repval_lam))
-    live = 1.0 - is_last[:, :-1].astype(f32)
-    losses["repval"] = -live * (
+    replay_ret = sg(
+        replay_lambda_return(reward, rows["is_terminal"], is_last, boot, config.gamma, config.repval_lam)
+    )
+    replay_logits, replay_slow = wm["replay_critic_logits"], wm["replay_slow_mean"]
+    live = 1.0 - is_last[:, :-1].astype(jnp.float32)
+    loss = -live * (
         twohot_log_prob(replay_logits[:, :-1], replay_ret, bins)
         + config.slowreg * twohot_log_prob(replay_logits[:, :-1], replay_slow[:, :-1], bins)
     )
+    return replay_ret, loss
 
-    scales = {
-        "rec": config.rec_scale,
-        "rew": config.rew_scale,
-        "con": config.con_scale,
-        "dyn": config.dyn_scale,
-        "rep": config.rep_scale,
-        "actor": config.actor_scale,
-        "critic": config.critic_scale,
-        "repval": config.repval_scale,
-    }
-    means = {k: v.mean() for k, v in losses.items()}
-    total = sum(scales[k] * means[k] for k in losses)
 
+def _loss_metrics(
+    config: DreamerV3Config,
+    means: dict[str, Array],
+    total: Array,
+    wm: dict[str, Array],
+    imag: dict[str, Any],
+    rows: dict[str, Any],
+    retnorm: PercentileNormState,
+    replay_ret: Array,
+    rew_loss: Array,
+) -> dict[str, Array]:
+    """The update's scalar metrics: each loss, the return normaliser, the spread of returns, values
+    and rewards (the reference logs these as ret/*, val/*, rew/*), entropies, and the heads' loss and
+    accuracy on rare rows (terminations, rewards), as the reference logs them."""
+    bins = head_bins(config)
+    ret, value, img_reward = imag["ret"], imag["img_value"], imag["img_reward"]
     metrics = {f"{k}_loss": v for k, v in means.items()}
     metrics.update(
-        loss=total,  # type: ignore[arg-type]
-        retnorm_scale=ret_scale,
+        loss=total,
+        retnorm_scale=imag["ret_scale"],
         retnorm_low=retnorm.low,
         retnorm_high=retnorm.high,
         return_mean=ret.mean(),
-        # The spread the return normaliser sees (the reference logs these as ret/*, val/*, rew/*).
         return_std=ret.std(),
         return_min=ret.min(),
         return_max=ret.max(),
         value_mean=value.mean(),
         value_std=value.std(),
-        adv_mean=adv.mean(),
-        weight_mean=weight.mean(),
+        adv_mean=imag["adv"].mean(),
+        weight_mean=imag["img_weight"].mean(),
         imag_reward_mean=img_reward.mean(),
         imag_reward_std=img_reward.std(),
         replay_return_mean=replay_ret.mean(),
-        actor_entropy=entropy.mean(),
-        post_entropy=categorical_entropy(post).sum(-1).mean(),
-        prior_entropy=categorical_entropy(prior).sum(-1).mean(),
+        actor_entropy=imag["entropy"].mean(),
+        post_entropy=categorical_entropy(wm["post_logits"]).sum(-1).mean(),
+        prior_entropy=categorical_entropy(wm["prior_logits"]).sum(-1).mean(),
     )
-    # The heads' loss and accuracy on rare rows (terminations, rewards), as the reference logs them.
+    con_logits, cont = wm["con_logits"], rows["cont"]
     con_stats = balance_stats(jax.nn.sigmoid(con_logits), -bernoulli_log_prob(con_logits, cont), cont, 0.5)
-    rew_stats = balance_stats(twohot_mean(rew_logits, bins), losses["rew"], reward, 0.1)
+    rew_stats = balance_stats(twohot_mean(wm["rew_logits"], bins), rew_loss, rows["reward"], 0.1)
     metrics.update({f"constats/{k}": v for k, v in con_stats.items()})
     metrics.update({f"rewstats/{k}": v for k, v in rew_stats.items()})
+    return metrics
 
-    # Diagnostics, batch-major with all H+1 steps (unused under jit, they cost nothing).
-    d = config.deter
+
+def _imagination_internals(
+    config: DreamerV3Config, params: dict, frozen: dict, imag: dict[str, Any], noise: Noise
+) -> dict[str, Any]:
+    """Diagnostics of the imagined trajectories, batch-major with all H+1 steps (unused under jit,
+    they cost nothing)."""
+    bins, d = head_bins(config), config.deter
+    img = imag["img"]
+    last_feat = sg(img.last)
+    n = last_feat.shape[0]
     last_dist = actor_distribution(config, sg(params["actor"]), last_feat)
     last_action = _sample_no_grad(config, last_dist, noise.imag_action[-1])
-    last_slow_logits = _critic_logits(config, nog["slow"], last_feat)
-    img_all_feat = jnp.concatenate([img_feat, last_feat[None]], 0)
-    internals = {
-        "embed": embed,
-        "post_deter": deter,
-        "post_stoch": stoch,
-        "post_logits": post,
-        "prior_logits": prior,
-        "dyn_kl": dyn_kl,
-        "rep_kl": rep_kl,
-        "dec_out": dec_out,
-        "rew_logits": rew_logits,
-        "con_logits": con_logits,
-        "replay_critic_logits": replay_logits,
-        "replay_critic_mean": twohot_mean(replay_logits, bins),
-        "replay_slow_mean": replay_slow,
+    last_slow_logits = _critic_logits(config, frozen["slow"], last_feat)
+    img_all_feat = jnp.concatenate([sg(img.feat), last_feat[None]], 0)
+    return {
         "img_deter": jnp.swapaxes(img_all_feat[..., :d], 0, 1),
         "img_stoch": jnp.swapaxes(img_all_feat[..., d:], 0, 1).reshape(n, -1, config.stoch, config.classes),
         "img_action": _batch_major(img.action, last_action),
         "img_prior_logits": jnp.swapaxes(img.prior, 0, 1),
-        "img_rew_logits": _batch_major(img.rew_logits, last_rew_logits),
-        "img_con_logits": _batch_major(img.con_logits, last_con_logits),
-        "img_reward": img_reward,
-        "img_cont": img_cont,
-        "img_weight": weight,
+        "img_rew_logits": _batch_major(img.rew_logits, imag["last_rew_logits"]),
+        "img_con_logits": _batch_major(img.con_logits, imag["last_con_logits"]),
+        "img_reward": imag["img_reward"],
+        "img_cont": imag["img_cont"],
+        "img_weight": imag["img_weight"],
         "img_actor": tuple(
             None if x is None else _batch_major(x, y)  # type: ignore[arg-type]
-            for x, y in zip(dist, last_dist, strict=True)
+            for x, y in zip(imag["dist"], last_dist, strict=True)
         ),
-        "img_critic_logits": _batch_major(critic_logits, last_critic_logits),
+        "img_critic_logits": _batch_major(imag["critic_logits"], imag["last_critic_logits"]),
         "img_slow_logits": _batch_major(img.slow_logits, last_slow_logits),
-        "img_value": value,
-        "img_slow_value": _batch_major(slow_value, sg(twohot_mean(last_slow_logits, bins))),
-        "ret": ret,
-        "adv": adv,
-        "replay_ret": replay_ret,
-        "losses": losses,
+        "img_value": imag["img_value"],
+        "img_slow_value": _batch_major(imag["slow_value"], sg(twohot_mean(last_slow_logits, bins))),
+        "ret": imag["ret"],
+        "adv": imag["adv"],
     }
-    latents = {"deter": sg(deter), "stoch": jnp.argmax(stoch, -1).astype(jnp.int32)}
-    aux = {"metrics": metrics, "retnorm": retnorm, "latents": latents, "internals": internals}
-    return total, aux  # type: ignore[return-value]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -37,6 +38,7 @@ import numpy as np
 from sb3_worldmodels.blocks.distributions import normal_head, onehot_mode, unimix_logits
 from sb3_worldmodels.blocks.layers import (
     RMS_EPS,
+    TRUNC_NORMAL_STD_CORRECTION,
     BlockLinear,
     Dense,
     NormedDense,
@@ -536,3 +538,90 @@ def rssm_posterior(config: DreamerV3Config, p: dict, deter: Array, embed: Array)
     """:meth:`RSSM.posterior`: h' (..., D), embed (..., U) → (..., S, C)."""
     x = _mlp_rest(p, jnp.concatenate([deter, embed], -1), "obs", 0, config.obs_layers)
     return rssm_logits(config, dense(p["obslogit"], x))
+
+
+# ------------------------------------------------------------------------------------------------
+# Initialisation
+# ------------------------------------------------------------------------------------------------
+
+MODULES = ("enc", "dyn", "dec", "rew", "con", "actor", "critic")
+"""The optimised modules, in the reference's order (agent.py:101-103)."""
+
+
+def _flax_init(config: DreamerV3Config, key: Array) -> tuple[dict, dict]:
+    """The modules' own flax ``init``; :func:`init_params` uses its tree structure and shapes."""
+    nets = make_networks(config)
+    keys = dict(zip((*MODULES, "slow_critic"), jax.random.split(key, len(MODULES) + 1), strict=True))
+    n = 1
+    deter = jnp.zeros((n, config.deter), jnp.float32)
+    stoch = jnp.zeros((n, config.stoch, config.classes), jnp.float32)
+    action = jnp.zeros((n, config.action_dim), jnp.float32)
+    obs = jnp.zeros((n, config.obs_dim), jnp.float32)
+    feat = jnp.zeros((n, config.feat_dim), jnp.float32)
+    embed = jnp.zeros((n, config.units), jnp.float32)
+    params = {
+        "enc": nets.enc.init(keys["enc"], obs)["params"],
+        "dyn": nets.dyn.init(keys["dyn"], deter, stoch, action, embed)["params"],
+        "dec": nets.dec.init(keys["dec"], feat)["params"],
+        "rew": nets.rew.init(keys["rew"], feat)["params"],
+        "con": nets.con.init(keys["con"], feat)["params"],
+        "actor": nets.actor.init(keys["actor"], feat)["params"],
+        "critic": nets.critic.init(keys["critic"], feat)["params"],
+    }
+    slow_critic = nets.critic.init(keys["slow_critic"], feat)["params"]
+    return params, slow_critic
+
+
+@functools.cache
+def _param_layout(config: DreamerV3Config) -> tuple[Any, list[tuple[tuple[int, ...], float, float]], int]:
+    """(tree structure, per leaf (shape, kernel std or 0, fill value), number of drawn values)."""
+    shapes = jax.eval_shape(lambda k: _flax_init(config, k), jax.ShapeDtypeStruct((2,), jnp.uint32))
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+    specs = []
+    for path, leaf in leaves:
+        tree, *names = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+        std = 0.0
+        if names[-1] == "kernel":
+            module = names[0] if tree == 0 else "critic"  # tree 1 is the slow critic
+            scale = outscale(module, names[-2])  # type: ignore[arg-type]
+            std = TRUNC_NORMAL_STD_CORRECTION * scale / float(np.sqrt(np.prod(leaf.shape[:-1])))
+        specs.append((tuple(leaf.shape), std, 1.0 if names[-1] == "scale" else 0.0))
+    total = sum(int(np.prod(shape)) for shape, std, _ in specs if std)
+    return treedef, specs, total
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _kernel_draw(key: Array, total: int) -> Array:
+    return jax.random.truncated_normal(key, -2.0, 2.0, (total,), jnp.float32)
+
+
+def _assemble_params(config: DreamerV3Config, key: Array, xp: Any) -> tuple[dict, dict]:
+    treedef, specs, total = _param_layout(config)
+    flat = _kernel_draw(key, total)
+    if xp is np:
+        flat = np.asarray(flat)
+    values, offset = [], 0
+    for shape, std, fill in specs:
+        if not std:  # biases, norm scales and zero-scaled kernels
+            values.append(xp.full(shape, fill, np.float32))
+            continue
+        size = int(np.prod(shape))
+        values.append(flat[offset : offset + size].reshape(shape) * np.float32(std))
+        offset += size
+    return jax.tree_util.tree_unflatten(treedef, values)
+
+
+def init_params(config: DreamerV3Config, key: Array, on_host: bool = False) -> tuple[dict, dict]:
+    """Fresh parameters (nets.py:816-884@2411f7d): (params of :data:`MODULES`, an independently initialised
+    slow critic).
+
+    The trees are those of the flax modules (:func:`~sb3_worldmodels.dreamerv3.networks.make_networks`)
+    and the values follow their initialisers' distributions: every kernel N(0, 1) truncated to
+    [−2, 2] times 1.1368·outscale/sqrt(fan-in) (fan-in: all kernel axes but the last; outscale from
+    :data:`~sb3_worldmodels.dreamerv3.networks.OUTSCALES`, else 1), biases 0 and norm scales 1. All
+    kernels are cut from one draw of ``key``: one small computation to compile instead of one per
+    layer (running flax's init op by op compiles every operation separately and takes seconds).
+    Traceable (e.g. under ``jax.eval_shape``); ``on_host`` gives numpy arrays, assembled around one
+    jitted draw.
+    """
+    return _assemble_params(config, key, np if on_host else jnp)
