@@ -281,6 +281,8 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
     window_setting: str = ""
     """The hyperparameter whose value + 1 is the replay's window length (its sampled rows)."""
     stateless_predict_consequence = "forgets its state between such calls"
+    renamed_state_leaves: dict[str, str] = {}  # noqa: RUF012
+    """Old -> new names of state leaves, so that checkpoints of earlier releases still load."""
 
     @classmethod
     def hyperparameter_names(cls) -> tuple[str, ...]:
@@ -749,7 +751,8 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         """SB3's ``set_parameters``; a checkpoint path is read without unpickling (only its weights).
         ``exact_match=False`` accepts a part of the weights: the others keep their values."""
         if isinstance(load_path_or_dict, dict):
-            return super().set_parameters(load_path_or_dict, exact_match=exact_match, device=device)
+            params = {name: self._renamed_weights(tensors) for name, tensors in load_path_or_dict.items()}
+            return super().set_parameters(params, exact_match=exact_match, device=device)
         what = safe_io.describe(load_path_or_dict, "the file")
         members = safe_io.read_zip(load_path_or_dict, what)
         params = {
@@ -757,7 +760,13 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             for name, blob in members.items()
             if name.endswith(".pth") and name != "pytorch_variables.pth"
         }
-        return super().set_parameters(params, exact_match=exact_match, device=device)
+        return self.set_parameters(params, exact_match=exact_match, device=device)
+
+    def _renamed_weights(self, tensors: Any) -> Any:
+        """``tensors`` with the names of older releases' state leaves replaced by today's."""
+        if not isinstance(tensors, dict) or not self.renamed_state_leaves:
+            return tensors
+        return {self.renamed_state_leaves.get(name, name): value for name, value in tensors.items()}
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         return ["policy"], []

@@ -80,6 +80,7 @@ class TDMPC2(WorldModelAlgorithm):
     replay_class = EpisodeReplay
     window_setting = "horizon"
     stateless_predict_consequence = "loses its plan (the warm start of the next one)"
+    renamed_state_leaves = {"state/['agent'].lr": "state/['agent'].learning_rate"}  # noqa: RUF012
     # Hyperparameters read by the shell (stored by the base class; every config field is one too).
     episode_length: int | None
     seed_steps: int | None
