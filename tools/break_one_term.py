@@ -64,7 +64,7 @@ BREAKS = [
     Break("dreamerv3", "actor_entropy", "actor entropy bonus removed",
           D_AGENT, "(log_pi * adv + config.actent * entropy)", "(log_pi * adv + 0.0 * entropy)"),
     Break("dreamerv3", "continue_target", "continue target without the discount (contdisc)",
-          D_AGENT, "con_logits, cont * config.gamma)", "con_logits, cont)"),
+          D_AGENT, 'con_logits, rows["cont"] * config.gamma)', 'con_logits, rows["cont"])'),
     Break("dreamerv3", "lambda", "imagined returns with lambda 1 instead of 0.95",
           D_AGENT, "imagined_lambda_return(img_reward, img_cont, sg(value), config.lam)",
           "imagined_lambda_return(img_reward, img_cont, sg(value), 1.0)"),

@@ -268,32 +268,36 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
     default_n_envs = 1
     nan_allowed_metrics: tuple[str, ...] = ()  # metric prefixes that are NaN by design (not guarded)
     # What a subclass provides, as class attributes:
-    core: Any = None
+    core: Any
     """The agent's pure core module: ``init_state(config, key)`` and ``set_learning_rate(state, lr)``."""
-    config_class: Any = object
+    config_class: Any
     """The agent's frozen config dataclass; its fields (less the space-derived ones and
     ``learning_rate``) are constructor arguments and attributes of the same names."""
-    preset: Callable[..., Any] = staticmethod(lambda model_size, **fields: None)
+    preset: Callable[..., Any]
     """``preset(model_size, **fields)``: the validated config of a model size with overrides."""
     space_fields: tuple[str, ...] = ("obs_dim", "action_dim")
     """Config fields set from the spaces, not by the user."""
-    replay_class: Any = ReplayBuffer
-    window_setting: str = ""
+    extra_hyperparameters: tuple[str, ...] = ()
+    """Constructor arguments stored as attributes that are not config fields."""
+    replay_class: Any
+    window_setting: str
     """The hyperparameter whose value + 1 is the replay's window length (its sampled rows)."""
     stateless_predict_consequence = "forgets its state between such calls"
     renamed_state_leaves: dict[str, str] = {}  # noqa: RUF012
     """Old -> new names of state leaves, so that checkpoints of earlier releases still load."""
 
     @classmethod
-    def hyperparameter_names(cls) -> tuple[str, ...]:
-        """The agent's own constructor arguments stored as attributes: ``model_size`` and its config's
-        user-set fields (the SB3 arguments such as ``learning_rate`` are SB3's attributes)."""
-        fields = getattr(cls.config_class, "__dataclass_fields__", {})
-        own = [f for f in fields if f not in cls.space_fields and f != "learning_rate"]
-        return ("model_size", *own, *cls.extra_hyperparameters)
+    def config_settings(cls) -> tuple[str, ...]:
+        """The config fields the user sets, as constructor arguments and attributes (not the
+        space-derived ones, nor ``learning_rate``: SB3's attribute, a float or a schedule)."""
+        fields = cls.config_class.__dataclass_fields__
+        return tuple(f for f in fields if f not in cls.space_fields and f != "learning_rate")
 
-    extra_hyperparameters: tuple[str, ...] = ()
-    """Constructor arguments stored as attributes that are not config fields."""
+    @classmethod
+    def hyperparameter_names(cls) -> tuple[str, ...]:
+        """The agent's own constructor arguments stored as attributes: ``model_size``, the config
+        settings and the extra hyperparameters."""
+        return ("model_size", *cls.config_settings(), *cls.extra_hyperparameters)
 
     @classmethod
     def _hyperparameters(cls, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -490,9 +494,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
     def config(self) -> Any:
         """The resolved static configuration, built from the attributes (so that load/zoo overrides
         apply) and the spaces; fields without a constructor argument keep their defaults."""
-        declared = self.config_class.__dataclass_fields__
-        fields = {name: getattr(self, name) for name in self.hyperparameter_names() if hasattr(self, name)}
-        fields = {name: value for name, value in fields.items() if name in declared}
+        fields = {name: getattr(self, name) for name in self.config_settings() if hasattr(self, name)}
         return self.preset(self.model_size, **{**fields, **self._space_config()})
 
     def _space_config(self) -> dict[str, Any]:

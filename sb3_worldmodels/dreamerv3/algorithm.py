@@ -198,13 +198,19 @@ class DreamerV3(WorldModelAlgorithm):
     def _setup_model(self) -> None:
         super()._setup_model()
         self._pending_updates = 0
-        if not hasattr(self, "_schedule"):  # a loaded model keeps its saved schedule
-            self._reset_training_schedule()
-        self._schedule.train_fill = self._config.train_fill  # the attribute may have been overridden
+        saved = getattr(self, "_schedule", None)  # a loaded model keeps its ratio's position
+        self._schedule = self._new_schedule()
+        if saved is None:
+            self._rows = 0
+        else:
+            self._schedule.load_state_dict(saved.state_dict())
+
+    def _new_schedule(self) -> RatioSchedule:
+        cfg = self._config
+        return RatioSchedule(cfg.train_ratio, cfg.batch_size, cfg.batch_length, cfg.train_fill)
 
     def _reset_training_schedule(self) -> None:
-        cfg = self._config
-        self._schedule = RatioSchedule(cfg.train_ratio, cfg.batch_size, cfg.batch_length, cfg.train_fill)
+        self._schedule = self._new_schedule()
         self._rows = 0
 
     def _replay_fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
