@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,16 +30,64 @@ def check_matmul_precision(value: str) -> str:
     return value
 
 
-def agent_jit(fn: Callable[..., Any], static_argnames: Sequence[str] = ()) -> Callable[..., Any]:
-    """``jax.jit`` of ``fn(config, ...)`` with ``config`` static and every matmul traced inside under
-    ``config.matmul_precision`` (:data:`MATMUL_PRECISIONS`), compiled with :data:`COMPILER_OPTIONS`."""
+COMPILED_CONFIGS_KEPT = 4
+"""How many configurations' compiled programs each :func:`agent_jit` function keeps (least recently
+used dropped first). XLA:CPU maps every compiled kernel into memory separately: one small DreamerV3
+configuration's update alone holds about 4,500 memory mappings, and a process may hold 65,530
+(Linux's default ``vm.max_map_count``) before the next compile aborts it. Keeping every program
+ever compiled would crash a process that builds many configurations, such as an Optuna study or a
+test session; a dropped configuration is compiled again (or read from JAX's persistent cache) when
+it is used again."""
 
-    @functools.wraps(fn)
-    def pinned(config: Any, *args: Any, **kwargs: Any) -> Any:
+
+class AgentFunction:
+    """``fn(config, ...)`` compiled per ``config`` (static), with every matmul traced inside under
+    ``config.matmul_precision`` (:data:`MATMUL_PRECISIONS`) and :data:`COMPILER_OPTIONS`; the
+    programs of the :data:`COMPILED_CONFIGS_KEPT` most recently used configs are kept."""
+
+    def __init__(self, fn: Callable[..., Any], static_argnames: Sequence[str] = ()) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._static_argnames = tuple(static_argnames)
+        self._compiled: OrderedDict[Any, Any] = OrderedDict()
+
+    def _pinned(self, config: Any, *args: Any, **kwargs: Any) -> Any:
         precision = check_matmul_precision(config.matmul_precision)
         if precision == "default":
-            return fn(config, *args, **kwargs)
+            return self._fn(config, *args, **kwargs)
         with jax.default_matmul_precision(precision):
-            return fn(config, *args, **kwargs)
+            return self._fn(config, *args, **kwargs)
 
-    return jax.jit(pinned, static_argnames=("config", *static_argnames), compiler_options=COMPILER_OPTIONS)
+    def for_config(self, config: Any) -> Any:
+        """The ``jax.jit`` function of ``config`` (``lower``, ``trace``, ... work on it)."""
+        jitted = self._compiled.pop(config, None)
+        if jitted is None:
+            jitted = jax.jit(
+                functools.partial(self._pinned, config),
+                static_argnames=self._static_argnames,
+                compiler_options=COMPILER_OPTIONS,
+            )
+            while len(self._compiled) >= COMPILED_CONFIGS_KEPT:
+                self._compiled.popitem(last=False)
+        self._compiled[config] = jitted
+        return jitted
+
+    def __call__(self, config: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+            return self._pinned(config, *args, **kwargs)  # inside another trace: inline it
+        return self.for_config(config)(*args, **kwargs)
+
+    def _cache_size(self) -> int:
+        """Compiled programs held, over the kept configs (``jax.jit``'s ``_cache_size``)."""
+        return sum(jitted._cache_size() for jitted in self._compiled.values())
+
+    def lower(self, config: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.for_config(config).lower(*args, **kwargs)
+
+    def trace(self, config: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.for_config(config).trace(*args, **kwargs)
+
+
+def agent_jit(fn: Callable[..., Any], static_argnames: Sequence[str] = ()) -> AgentFunction:
+    """``fn(config, ...)`` compiled per config: see :class:`AgentFunction`."""
+    return AgentFunction(fn, static_argnames)

@@ -1,0 +1,76 @@
+"""agent_jit keeps the compiled programs of a few configurations, not of every one ever built.
+
+XLA:CPU maps each compiled kernel into memory on its own, and Linux refuses a process more than
+``vm.max_map_count`` mappings (65,530 by default): a long process that builds many configurations
+(an Optuna study, a test session) aborted in its next compile once all of them were kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from sb3_worldmodels.blocks import jit as J
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    scale: float
+    matmul_precision: str = "float32"
+
+
+def _memory_mappings() -> int:
+    with open(f"/proc/{os.getpid()}/maps") as f:
+        return sum(1 for _ in f)
+
+
+def _chain(config: Config, x):
+    for _ in range(5):
+        x = jnp.sin(x @ x.T) * config.scale + jnp.cumsum(x, 0)
+    return x
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="counts Linux memory mappings")
+def test_the_programs_of_old_configs_are_released():
+    fn = J.agent_jit(_chain)
+    x = jnp.ones((8, 8))
+    fn(Config(0.0), x)
+    before = _memory_mappings()
+    for i in range(1, 60):
+        fn(Config(float(i)), x)
+    gc.collect()
+    # Kept: about 8 mappings per program for COMPILED_CONFIGS_KEPT programs; all 60 kept: ~480 more.
+    assert _memory_mappings() - before < 150
+
+
+def test_recent_configs_are_not_compiled_again_and_evicted_ones_are():
+    traces = []
+
+    def fn(config: Config, x):
+        traces.append(config.scale)
+        return x * config.scale
+
+    jitted = J.agent_jit(fn)
+    x = jnp.ones(3)
+    configs = [Config(float(i)) for i in range(J.COMPILED_CONFIGS_KEPT + 1)]
+    for config in configs[:-1]:
+        assert float(jitted(config, x)[0]) == config.scale
+    for config in configs[:-1]:  # all kept: no new trace
+        jitted(config, x)
+    assert traces == [c.scale for c in configs[:-1]]
+    jitted(configs[-1], x)  # evicts the least recently used, configs[0]
+    jitted(configs[0], x)
+    assert traces[-2:] == [configs[-1].scale, configs[0].scale]
+    assert len(jitted._compiled) == J.COMPILED_CONFIGS_KEPT
+
+
+def test_a_call_inside_another_trace_is_inlined():
+    fn = J.agent_jit(lambda config, x: x * config.scale)
+    outer = jax.jit(lambda x: fn(Config(2.0), x) + 1.0)
+    assert float(outer(jnp.ones(()))) == 3.0
+    assert jax.eval_shape(lambda x: fn(Config(2.0), x), jnp.ones(3)).shape == (3,)
