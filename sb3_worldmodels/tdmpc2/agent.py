@@ -123,7 +123,7 @@ def init_state(config: TDMPC2Config, key: Array) -> TDMPC2State:
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.key_data(key)
     key, init_key = jax.random.split(key)
-    params, target_qs = jax.jit(N.init_params, static_argnums=0)(config, init_key)
+    params, target_qs = init_params_jit(config, init_key)
     return TDMPC2State(
         params=params,
         target_qs=target_qs,
@@ -567,6 +567,8 @@ def set_learning_rate(state: TDMPC2State, learning_rate: float) -> TDMPC2State:
     return state._replace(learning_rate=jnp.asarray(learning_rate, jnp.float32))
 
 
+init_params_jit = agent_jit(N.init_params)
+"""Jitted :func:`~sb3_worldmodels.tdmpc2.networks.init_params`; ``config`` is static."""
 act_jit = agent_jit(act, static_argnames=("eval_mode",))
 """Jitted :func:`act`; ``config`` and ``eval_mode`` are static."""
 train_many_jit = agent_jit(train_many)

@@ -1,28 +1,30 @@
-"""TD-MPC2 networks as pure functions of explicit parameter trees (layers.py:7-97@b67b21c,
-world_model.py:20-174@b67b21c, init.py:4-22@b67b21c, math.py:5-95@b67b21c).
+"""TD-MPC2 networks as flax modules (layers.py:7-97@b67b21c, world_model.py:20-174@b67b21c,
+init.py:4-22@b67b21c, math.py:5-95@b67b21c).
 
-Parameter tree of one agent (``init_params``), every layer a dict:
+:class:`MLP` (of :class:`NormedLinear` and :class:`Linear` layers) is the one definition of every
+network; :func:`modules` builds the agent's set and the functions below (:func:`encode`,
+:func:`next_latent`, :func:`q_logits`, ...) apply them to the parameter tree of one agent
+(:func:`init_params`):
 
 - ``"encoder"``, ``"dynamics"``, ``"reward"``, ``"pi"`` (and ``"termination"`` when episodic): dicts
   ``{"0": layer, "1": layer, ...}`` in the reference's layer order (``_encoder.state.i``,
   ``_dynamics.i``, ...);
 - ``"qs"``: the K Q members with every leaf stacked on a leading K axis (``_Qs.params``).
 
-A normed layer is ``{"kernel" (in, out), "bias" (out,), "ln_scale" (out,), "ln_bias" (out,)}``
-(affine → [dropout] → LayerNorm(eps 1e-5) → activation, ``layers.py:50-72``); a plain output layer
-``{"kernel", "bias"}``. Kernels are (in, out), the transpose of PyTorch's weights.
+A normed layer is ``{"kernel" (in, out), "bias" (out,), "ln_scale" (out,), "ln_bias" (out,)}``; a
+plain output layer ``{"kernel", "bias"}``. Kernels are (in, out), the transpose of PyTorch's weights.
 
 Shape symbols: L latent, A action, O observation, K ensemble members, n bins.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from sb3_worldmodels.blocks.layers import mish, simnorm
 from sb3_worldmodels.blocks.math import symlog_twohot_mean
@@ -107,96 +109,126 @@ def _is_mask(key: Array) -> bool:
     return getattr(key, "dtype", None) == jnp.bool_
 
 
-def normed_linear(
-    p: dict, x: Array, act: Callable[[Array], Array], drop: tuple[Array, float, str] | None = None
-) -> Array:
-    """Affine → optional dropout (key, rate, masks) → LayerNorm → ``act``; (..., in) → (..., out)."""
-    y = x @ p["kernel"] + p["bias"]
-    if drop is not None:
-        y = dropout(y, *drop)
-    if act is mish:
-        return layer_norm_mish(y, p["ln_scale"], p["ln_bias"])
-    return act(layer_norm(y, p["ln_scale"], p["ln_bias"]))
+class NormedLinear(nn.Module):
+    """Affine → optional dropout → LayerNorm(eps 1e-5) → activation (layers.py:50-72@b67b21c).
+
+    Params ``kernel`` (in, features) N(0, 0.02²), ``bias`` (features,) 0, ``ln_scale`` 1 and
+    ``ln_bias`` 0 (init.py:4-22@b67b21c). ``activation``: "mish" (hidden layers) or "simnorm" (the
+    latent outputs, groups of ``simnorm_dim``). ``drop`` = (key, rate, masks) of :func:`dropout`.
+    (..., in) → (..., features).
+    """
+
+    features: int
+    activation: str = "mish"
+    simnorm_dim: int = 8
+
+    @nn.compact
+    def __call__(self, x: Array, drop: tuple[Array, float, str] | None = None) -> Array:
+        width = (x.shape[-1], self.features)
+        kernel = self.param("kernel", nn.initializers.normal(INIT_STD), width, jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
+        ln_scale = self.param("ln_scale", nn.initializers.ones, (self.features,), jnp.float32)
+        ln_bias = self.param("ln_bias", nn.initializers.zeros, (self.features,), jnp.float32)
+        y = x @ kernel + bias
+        if drop is not None:
+            y = dropout(y, *drop)
+        if self.activation == "mish":
+            return layer_norm_mish(y, ln_scale, ln_bias)
+        return simnorm(layer_norm(y, ln_scale, ln_bias), self.simnorm_dim)
 
 
-def mlp(
-    p: dict, x: Array, out: str, config: TDMPC2Config, drop: tuple[Array, float, str] | None = None
-) -> Array:
-    """The reference ``mlp``: Mish hidden layers, dropout on the first one only, then ``out``:
-    "simnorm" (normed layer with SimNorm as its activation) or "linear" (plain affine)."""
-    n = len(p)
-    for i in range(n - 1):
-        x = normed_linear(p[str(i)], x, mish, drop if i == 0 else None)
-    last = p[str(n - 1)]
-    if out == "simnorm":
-        return normed_linear(last, x, lambda y: simnorm(y, config.simnorm_dim))
-    return x @ last["kernel"] + last["bias"]
+class Linear(nn.Module):
+    """Plain affine output layer: ``kernel`` (in, features) N(0, 0.02²), or zeros when
+    ``zero_init`` (the reward head and every Q member, world_model.py:29-31@b67b21c); ``bias`` 0."""
+
+    features: int
+    zero_init: bool = False
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        init = nn.initializers.zeros if self.zero_init else nn.initializers.normal(INIT_STD)
+        kernel = self.param("kernel", init, (x.shape[-1], self.features), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
+        return x @ kernel + bias
+
+
+class MLP(nn.Module):
+    """The reference ``mlp`` (layers.py:75-97@b67b21c): :class:`NormedLinear` Mish layers of widths
+    ``hidden`` (dropout on the first one only), then the output layer: a SimNorm :class:`NormedLinear`
+    (``output`` "simnorm") or a :class:`Linear` ("linear", "zero": zero-initialised).
+
+    Layers are named "0", "1", ... as the reference's ``nn.Sequential``. (..., in) → (..., out).
+    """
+
+    hidden: tuple[int, ...]
+    out: int
+    output: str = "linear"
+    simnorm_dim: int = 8
+
+    @nn.compact
+    def __call__(self, x: Array, drop: tuple[Array, float, str] | None = None) -> Array:
+        for i, width in enumerate(self.hidden):
+            x = NormedLinear(width, name=str(i))(x, drop if i == 0 else None)
+        last = str(len(self.hidden))
+        if self.output == "simnorm":
+            return NormedLinear(self.out, "simnorm", self.simnorm_dim, name=last)(x)
+        return Linear(self.out, zero_init=self.output == "zero", name=last)(x)
 
 
 # ------------------------------------------------------------------------------------------------
-# Initialisation (init.py:4-22@b67b21c, world_model.py:29-31@b67b21c)
+# The world model's networks (world_model.py:20-31@b67b21c) and their initialisation
 # ------------------------------------------------------------------------------------------------
 
 
-def layer_shapes(config: TDMPC2Config) -> dict[str, list[tuple[int, int, bool]]]:
-    """Per module, its layers as (in, out, normed), in order (world_model.py:24-31@b67b21c)."""
+@functools.cache
+def modules(config: TDMPC2Config) -> dict[str, MLP]:
+    """The agent's networks by parameter-tree name (world_model.py:24-31@b67b21c; the termination
+    head of world_model.py:28@7ec6bc8 when episodic). ``"qs"`` is one Q member; the K members share
+    its definition and stack their parameters on a leading axis (:func:`q_logits`)."""
     lat, act, hid = config.latent_dim, config.action_dim, config.mlp_dim
-
-    def stack(inp: int, hidden: list[int], out: int, normed_out: bool) -> list[tuple[int, int, bool]]:
-        widths = [inp, *hidden]
-        return [(widths[i], widths[i + 1], True) for i in range(len(hidden))] + [
-            (widths[-1], out, normed_out)
-        ]
-
-    shapes = {
-        "encoder": stack(config.obs_dim, [config.enc_dim] * max(config.num_enc_layers - 1, 1), lat, True),
-        "dynamics": stack(lat + act, [hid, hid], lat, True),
-        "reward": stack(lat + act, [hid, hid], config.num_bins, False),
-        "pi": stack(lat, [hid, hid], 2 * act, False),
-        "qs": stack(lat + act, [hid, hid], config.num_bins, False),
+    norm = config.simnorm_dim
+    nets = {
+        "encoder": MLP((config.enc_dim,) * max(config.num_enc_layers - 1, 1), lat, "simnorm", norm),
+        "dynamics": MLP((hid, hid), lat, "simnorm", norm),
+        "reward": MLP((hid, hid), config.num_bins, "zero"),
+        "pi": MLP((hid, hid), 2 * act),
+        "qs": MLP((hid, hid), config.num_bins, "zero"),
     }
     if config.episodic:
-        shapes["termination"] = stack(lat, [hid, hid], 1, False)
-    return shapes
+        nets["termination"] = MLP((hid, hid), 1)
+    return nets
+
+
+def _input_width(config: TDMPC2Config, name: str) -> int:
+    if name == "encoder":
+        return config.obs_dim
+    return config.latent_dim + (config.action_dim if name in ("dynamics", "reward", "qs") else 0)
+
+
+def _init_module(net: MLP, width: int, key: Array) -> dict:
+    return net.init(key, jnp.zeros((1, width), jnp.float32))["params"]
 
 
 def init_params(config: TDMPC2Config, key: Array) -> tuple[dict, dict]:
-    """Fresh (params, target Q params): weights N(0, 0.02²), biases 0, LayerNorm scale 1 / offset 0,
-    the last layers of the reward head and of every Q member zero; the target Qs a copy (init.py:4-22@b67b21c,
-    world_model.py:29-31@b67b21c).
+    """Fresh (params, target Q params) from the modules' initialisers: weights N(0, 0.02²), biases 0,
+    LayerNorm scale 1 and offset 0, the last layers of the reward head and of every Q member zero;
+    the target Qs a copy (init.py:4-22@b67b21c, world_model.py:29-31@b67b21c). Traceable."""
+    nets = modules(config)
+    keys = dict(zip(nets, jax.random.split(key, len(nets)), strict=True))
+    params = {}
+    for name, net in nets.items():
+        init = functools.partial(_init_module, net, _input_width(config, name))
+        if name == "qs":  # K independently initialised members, stacked
+            params[name] = jax.vmap(init)(jax.random.split(keys[name], config.num_q))
+        else:
+            params[name] = init(keys[name])
+    return params, jax.tree_util.tree_map(lambda x: x, params["qs"])
 
-    All weights are cut from one normal draw of ``key`` (one small computation to compile). Traceable.
-    """
-    shapes = layer_shapes(config)
-    k = config.num_q
-    zero_last = {"reward", "qs"}
-    sizes = []
-    for name, layers in shapes.items():
-        members = k if name == "qs" else 1
-        for i, (fan_in, fan_out, _) in enumerate(layers):
-            if not (name in zero_last and i == len(layers) - 1):
-                sizes.append(members * fan_in * fan_out)
-    flat = jax.random.normal(key, (sum(sizes),), jnp.float32) * INIT_STD
-    offset = 0
-    params: dict = {}
-    for name, layers in shapes.items():
-        lead = (k,) if name == "qs" else ()
-        module = {}
-        for i, (fan_in, fan_out, normed) in enumerate(layers):
-            size = int(np.prod((*lead, fan_in, fan_out)))
-            if name in zero_last and i == len(layers) - 1:
-                kernel = jnp.zeros((*lead, fan_in, fan_out), jnp.float32)
-            else:
-                kernel = flat[offset : offset + size].reshape(*lead, fan_in, fan_out)
-                offset += size
-            layer = {"kernel": kernel, "bias": jnp.zeros((*lead, fan_out), jnp.float32)}
-            if normed:
-                layer["ln_scale"] = jnp.ones((*lead, fan_out), jnp.float32)
-                layer["ln_bias"] = jnp.zeros((*lead, fan_out), jnp.float32)
-            module[str(i)] = layer
-        params[name] = module
-    target_qs = jax.tree_util.tree_map(lambda x: x, params["qs"])
-    return params, target_qs
+
+def _run(config: TDMPC2Config, name: str, params: dict, x: Array, drop: tuple | None = None) -> Array:
+    """Module ``name`` of :func:`modules` applied to x with its parameters ``params``."""
+    out: Array = modules(config)[name].apply({"params": params}, x, drop)  # type: ignore[assignment]
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -206,23 +238,23 @@ def init_params(config: TDMPC2Config, key: Array) -> tuple[dict, dict]:
 
 def encode(config: TDMPC2Config, params: dict, obs: Array) -> Array:
     """(..., O) observations → (..., L) latents (``world_model.py:97-104``)."""
-    return mlp(params["encoder"], obs, "simnorm", config)
+    return _run(config, "encoder", params["encoder"], obs)
 
 
 def next_latent(config: TDMPC2Config, params: dict, z: Array, action: Array) -> Array:
     """Latent dynamics d(z, a): (..., L), (..., A) → (..., L) (``:106-113``)."""
-    return mlp(params["dynamics"], jnp.concatenate([z, action], -1), "simnorm", config)
+    return _run(config, "dynamics", params["dynamics"], jnp.concatenate([z, action], -1))
 
 
 def reward_logits(config: TDMPC2Config, params: dict, z: Array, action: Array) -> Array:
     """(..., L), (..., A) → (..., n) reward logits (``:115-122``)."""
-    return mlp(params["reward"], jnp.concatenate([z, action], -1), "linear", config)
+    return _run(config, "reward", params["reward"], jnp.concatenate([z, action], -1))
 
 
 def termination_logit(config: TDMPC2Config, params: dict, z: Array) -> Array:
     """Episodic only: (..., L) → (...) logit that the transition into z terminated
     (world_model.py:28@7ec6bc8)."""
-    return mlp(params["termination"], z, "linear", config)[..., 0]
+    return _run(config, "termination", params["termination"], z)[..., 0]
 
 
 def decode(config: TDMPC2Config, logits: Array) -> Array:
@@ -243,10 +275,10 @@ def _members_logits(config: TDMPC2Config, members: dict, x: Array, key: Array | 
     """The ``count`` stacked members on the same input x (..., L + A) → (count, ..., n) logits, each with
     its own dropout mask (from ``key``; None = no dropout)."""
     if key is None:
-        return jax.vmap(lambda p: mlp(p, x, "linear", config))(members)
+        return jax.vmap(lambda p: _run(config, "qs", p, x))(members)
     drop = (config.dropout, config.dropout_masks)
     keys = key if _is_mask(key) else jax.random.split(key, count)
-    return jax.vmap(lambda p, k: mlp(p, x, "linear", config, (k, *drop)))(members, keys)
+    return jax.vmap(lambda p, k: _run(config, "qs", p, x, (k, *drop)))(members, keys)
 
 
 def q_pair_value(
@@ -273,7 +305,7 @@ def policy(config: TDMPC2Config, params: dict, z: Array, eps: Array) -> tuple[Ar
     Gaussian residual scaled by A, then the tanh correction; math.py:27-45@b67b21c) (...,), and the log-std
     (..., A).
     """
-    return policy_head(config, mlp(params["pi"], z, "linear", config), eps)
+    return policy_head(config, _run(config, "pi", params["pi"], z), eps)
 
 
 def policy_head(config: TDMPC2Config, out: Array, eps: Array) -> tuple[Array, Array, Array, Array]:
