@@ -11,8 +11,8 @@ prediction is drawn from that step on:
 - TD-MPC2: the rewards along its own plan (``predict_plan_rollout`` on ``predict``'s state, the
   planned trajectory over the horizon);
 - DreamerV3: the reference's open-loop report, the rewards (and observations) it imagines along the
-  actions that were really taken next (``predict_rollout`` on ``predict``'s state, ``--open-loop``
-  steps).
+  actions that were really taken next (``predict_rollout`` with ``predict``'s arguments of that step,
+  ``--open-loop`` steps).
 
 The real rewards are drawn beside them. Writes ``world_model_predictions.png`` (needs matplotlib)
 and ``world_model_predictions.csv``.
@@ -60,12 +60,13 @@ def record_dreamerv3(model: DreamerV3, env: gym.Env, every: int, seed: int, open
     prediction along the actions really taken next (at most ``open_loop`` of them)."""
     obs, _ = env.reset(seed=seed)
     state, start = None, np.ones(1, bool)
-    real, predicted, beliefs, actions, observations = [], [], [], [], []
+    real, predicted, inputs, actions, observations = [], [], [], [], []
     done = False
     while not done:
-        action, state = model.predict(obs, state=state, episode_start=start, deterministic=True)
-        predicted.append(float(model.predict_rollout(state, action[None, None])["reward"][0, 0]))
-        beliefs.append(state)
+        step = dict(observation=obs, state=state, episode_start=start)
+        action, state = model.predict(**step, deterministic=True)
+        predicted.append(float(model.predict_rollout(actions=action[None], **step)["reward"][0]))
+        inputs.append(step)
         actions.append(action)
         obs, reward, terminated, truncated, _ = env.step(action)
         real.append(float(reward))
@@ -73,10 +74,10 @@ def record_dreamerv3(model: DreamerV3, env: gym.Env, every: int, seed: int, open
         done, start = terminated or truncated, np.zeros(1, bool)
     plans, obs_errors = [], []
     for t in range(0, len(actions), every):
-        taken = np.stack(actions[t : t + open_loop])[None]
-        out = model.predict_rollout(beliefs[t], taken)
-        plans.append((t, out["reward"][0]))
-        obs_errors.append(np.abs(out["observation"][0] - np.stack(observations[t : t + open_loop])).mean())
+        taken = np.stack(actions[t : t + open_loop])
+        out = model.predict_rollout(actions=taken, **inputs[t])
+        plans.append((t, out["reward"]))
+        obs_errors.append(np.abs(out["observation"] - np.stack(observations[t : t + open_loop])).mean())
     print(f"open-loop observation error: mean absolute {np.mean(obs_errors):.3f} over {open_loop} steps")
     return {"real": np.array(real), "predicted": np.array(predicted), "plans": plans,
             "obs_errors": obs_errors}  # fmt: skip

@@ -10,10 +10,12 @@ can only return the same executable. A run that sets ``JAX_COMPILATION_CACHE_DIR
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 
 import pytest
 
@@ -46,6 +48,33 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     for cache in _OWNED_CACHE:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+MAPPINGS_BEFORE_CLEARING = 20_000
+"""A worker that holds more memory mappings than this after a test file drops JAX's compiled programs.
+
+Every compiled XLA:CPU kernel is a mapping of its own and a process may hold 65,530 (Linux's default
+``vm.max_map_count``): a worker that runs many test files, each compiling its own configurations,
+its own jitted helpers and eager operations, would abort in a later compile. The agents' functions
+keep a few configurations only (``blocks.jit.COMPILED_CONFIGS_KEPT``); the rest is released here.
+"""
+
+
+def _memory_mappings() -> int | None:
+    try:
+        with open(f"/proc/{os.getpid()}/maps") as f:
+            return sum(1 for _ in f)
+    except OSError:  # not Linux
+        return None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs() -> Iterator[None]:
+    yield
+    mappings = _memory_mappings()
+    if mappings is not None and mappings > MAPPINGS_BEFORE_CLEARING and "jax" in sys.modules:
+        sys.modules["jax"].clear_caches()
+        gc.collect()
 
 
 def _has_dm_control() -> bool:

@@ -220,17 +220,20 @@ def test_predict_protocol_and_purity():
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_predict_rollout_agrees_with_acting(env_id):
-    """The first imagined state is the recurrent state the agent reaches when it really takes the
-    action (the GRU step does not read the next observation); later steps follow the prior."""
+    """The rollout starts from the belief predict forms from the same arguments; its first imagined
+    state is the recurrent state the agent reaches when it really takes the action (the GRU step does
+    not read the next observation); later steps follow the prior."""
     model = tiny(env_id)
     model.learn(60)
     env = model.env
-    obs = env.reset()
-    action, state = model.predict(obs, deterministic=True)
+    first_obs = env.reset()
+    first_action, first_state = model.predict(first_obs, deterministic=True)
+    obs, _, dones, _ = env.step(first_action)
+    action, state = model.predict(obs, state=first_state, episode_start=dones, deterministic=True)
     env.action_space.seed(0)
     others = [np.stack([env.action_space.sample() for _ in range(2)]) for _ in range(3)]
     later = np.stack([action, *others], 1)
-    out = model.predict_rollout(state, later)
+    out = model.predict_rollout(obs, later, state=first_state, episode_start=dones)
     n, t = 2, 4
     assert out["observation"].shape == (n, t, model.observation_space.shape[0])
     assert out["reward"].shape == out["continue"].shape == (n, t) and out["value"].shape == (n,)
@@ -240,11 +243,14 @@ def test_predict_rollout_agrees_with_acting(env_id):
     _, next_state = model.predict(next_obs, state=state, episode_start=dones, deterministic=True)
     np.testing.assert_allclose(out["deter"][:, 0], next_state[0], rtol=1e-5, atol=1e-6)
     # Open loop and causal: a shorter action sequence predicts the same first steps.
-    short = model.predict_rollout(state, later[:, :2])
+    short = model.predict_rollout(obs, later[:, :2], state=first_state, episode_start=np.zeros(2, bool))
     for k in ("observation", "reward", "continue", "deter"):
         np.testing.assert_allclose(short[k], out[k][:, :2], rtol=1e-5, atol=1e-6)
+    # One observation, no env axis: the first env's prediction.
+    one = model.predict_rollout(obs[0], later[0], state=tuple(s[:1] for s in first_state))
+    np.testing.assert_allclose(one["reward"], out["reward"][0], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="env axis first"):
-        model.predict_rollout(state, later[0])
+        model.predict_rollout(obs, later[0], state=first_state)
 
 
 def test_save_load_predict_identical(tmp_path):

@@ -978,6 +978,59 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         check_finite_arrays(dict(zip(expected, carried, strict=True)), "state", STATE_FIX)
         return obs, vectorized, carried, np.zeros(n, bool) if given_starts is None else given_starts
 
+    def predict_rollout(
+        self, observation: Any, actions: Any, state: Any = None, episode_start: Any = None
+    ) -> dict[str, np.ndarray]:
+        """What the world model expects if ``actions`` are taken next, open loop (no sampling).
+
+        :param observation: the observation ``predict`` gets now: one, or a batch (n, ...).
+        :param actions: env actions from now on: (T,) for Discrete or (T, A) for Box for one
+            observation, (n, T) or (n, T, A) for a batch; the first is typically the action ``predict``
+            returns for ``observation``.
+        :param state: what ``predict`` returned at the previous step (None at an episode's start),
+            and ``episode_start`` as for ``predict``: a recurrent model (DreamerV3) predicts from the
+            belief ``predict`` forms from them; a Markov one (TD-MPC2) from the observation alone.
+        :return: the agent's predictions by name (its ``predict_rollout`` documentation), each with
+            the n axis first, or without it for one observation.
+        """
+        return self._predict_rollout(observation, actions, state, episode_start, agent_units=False)
+
+    def _predict_rollout(
+        self, observation: Any, actions: Any, state: Any, episode_start: Any, agent_units: bool
+    ) -> dict[str, np.ndarray]:
+        obs, vectorized = self._predict_batch(observation)
+        agent_actions = self._rollout_actions(actions, obs.shape[0], vectorized, agent_units)
+        out = self._open_loop(observation, obs, agent_actions, state, episode_start)
+        return {k: (np.asarray(v) if vectorized else np.asarray(v)[0]) for k, v in out.items()}
+
+    def _rollout_actions(self, actions: Any, n: int, vectorized: bool, agent_units: bool) -> np.ndarray:
+        """Actions of :meth:`predict_rollout` (env units, or the agent's with ``agent_units``), with or
+        without the env axis → agent actions (n, T, A) float32; a wrong shape is refused."""
+        discrete = self.action_adapter.discrete and not agent_units
+        event = () if discrete else (self.action_adapter.dim,)
+        actions = np.asarray(actions) if discrete else np.asarray(actions, np.float32)
+        given = actions.shape
+        if not vectorized:
+            actions = actions[None]
+        if actions.ndim != 2 + len(event) or actions.shape[0] != n or actions.shape[2:] != event:
+            expected = ", ".join(map(str, ((n,) if vectorized else ()) + ("T", *event)))
+            raise ValueError(
+                f"actions have shape {given}, expected ({expected}): the env axis first for a batch of "
+                "observations, none for one observation."
+            )
+        if agent_units:
+            return actions
+        steps = actions.shape[1]
+        flat = self.action_adapter.from_env(actions.reshape(n * steps, *event))
+        return np.asarray(flat, np.float32).reshape(n, steps, -1)
+
+    def _open_loop(
+        self, observation: Any, obs: np.ndarray, actions: np.ndarray, state: Any, episode_start: Any
+    ) -> dict[str, Any]:
+        """The agent's open-loop predictions: the raw ``observation`` and its flat batch ``obs`` (n, O),
+        agent ``actions`` (n, T, A), ``predict``'s previous ``state`` and ``episode_start``."""
+        raise NotImplementedError
+
     def _predict_state_shapes(self, n: int) -> dict[str, tuple[int, ...]]:
         """Name -> shape of each array of ``predict``'s state for n observations."""
         raise NotImplementedError

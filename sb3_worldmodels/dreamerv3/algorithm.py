@@ -388,33 +388,33 @@ class DreamerV3(WorldModelAlgorithm):
             "action": (n, cfg.action_dim),
         }
 
-    def predict_rollout(self, state: tuple[np.ndarray, ...], actions: Any) -> dict[str, np.ndarray]:
-        """What the world model expects if ``actions`` are taken next, open loop (no sampling).
+    def predict_rollout(
+        self, observation: Any, actions: Any, state: Any = None, episode_start: Any = None
+    ) -> dict[str, np.ndarray]:
+        """What the world model expects if ``actions`` are taken next, open loop (no sampling), from
+        the belief ``predict(observation, state, episode_start)`` forms.
 
-        :param state: the state ``predict`` returned (deter, stoch, previous action), env axis first:
-            the model's belief after the last observation it was given.
-        :param actions: env actions with the env axis first, (n, T) for Discrete, (n, T, A) for Box;
-            the first one is typically the action ``predict`` returned.
+        :param observation: the observation ``predict`` gets now: one, or a batch (n, ...).
+        :param actions: env actions from now on: (T,) for Discrete or (T, A) for Box for one
+            observation, (n, T) or (n, T, A) for a batch; the first is typically the action ``predict``
+            returns for ``observation``.
+        :param state: what ``predict`` returned at the previous step (None at an episode's start).
+        :param episode_start: as for ``predict``.
         :return: "observation" (n, T, O) predicted (flattened) observations, "reward" (n, T) the
             reward of each step, "continue" (n, T) the probability that the episode goes on, "value"
-            (n,) the critic's estimate at the last state, "deter" (n, T, D) the model's states.
+            (n,) the critic's estimate at the last state, "deter" (n, T, D) the model's states; without
+            the n axis for one observation.
         """
-        deter, stoch = np.asarray(state[0]), np.asarray(state[1])
-        n = deter.shape[0]
-        actions = np.asarray(actions)
-        event = () if self.action_adapter.discrete else (self._config.action_dim,)
-        if actions.ndim != 2 + len(event) or actions.shape[0] != n or actions.shape[2:] != event:
-            expected = ", ".join(map(str, (n, "T", *event)))
-            raise ValueError(
-                f"actions have shape {actions.shape}, expected ({expected}) (env axis first, as the state)."
-            )
-        steps = actions.shape[1]
-        agent_actions = self.action_adapter.from_env(actions.reshape(n * steps, *event))
-        out = core.predict_rollout_jit(
+        return super().predict_rollout(observation, actions, state, episode_start)
+
+    def _open_loop(
+        self, observation: Any, obs: np.ndarray, actions: np.ndarray, state: Any, episode_start: Any
+    ) -> dict[str, Any]:
+        _, belief = self.predict(observation, state, episode_start, deterministic=True)
+        return core.predict_rollout_jit(
             self._config,
             self.policy.state["agent"].params,
-            jnp.asarray(deter),
-            jnp.asarray(stoch),
-            jnp.asarray(agent_actions.reshape(n, steps, -1)),
+            jnp.asarray(belief[0]),
+            jnp.asarray(belief[1]),
+            jnp.asarray(actions),
         )
-        return {k: np.asarray(v) for k, v in out.items()}

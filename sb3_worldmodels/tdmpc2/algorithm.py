@@ -391,39 +391,35 @@ class TDMPC2(WorldModelAlgorithm):
         )
         return self._env_actions(np.asarray(action)[:n], vectorized), (np.asarray(mean)[:n],)
 
-    def predict_rollout(self, observation: Any, actions: Any) -> dict[str, np.ndarray]:
+    def predict_rollout(
+        self, observation: Any, actions: Any, state: Any = None, episode_start: Any = None
+    ) -> dict[str, np.ndarray]:
         """What the world model expects if ``actions`` are taken from ``observation``, open loop.
 
         :param observation: one observation or a batch (n, ...), as for ``predict``.
         :param actions: env actions (T, A) for one observation, or (n, T, A). For the plan returned as
             ``predict``'s state (agent units, [-1, 1]) use :meth:`predict_plan_rollout`.
+        :param state: accepted as for ``predict`` (and ``episode_start``) and not used: the model is
+            Markov, its latent is the observation's encoding.
         :return: "reward" (n, T) predicted rewards, "value" (n,) the Q estimate after the last action,
             "latent" (n, T + 1, L), and "continue" (n, T) when ``episodic``; without the n axis for
             one observation.
         """
-        return self._predict_rollout(observation, actions, agent_units=False)
+        return super().predict_rollout(observation, actions, state, episode_start)
 
     def predict_plan_rollout(self, observation: Any, plan: Any) -> dict[str, np.ndarray]:
         """:meth:`predict_rollout` along a plan in agent units, e.g. ``predict``'s state[0] (n, H, A)."""
-        return self._predict_rollout(observation, plan, agent_units=True)
+        return self._predict_rollout(observation, plan, None, None, agent_units=True)
 
     def _predict_state_shapes(self, n: int) -> dict[str, tuple[int, ...]]:
         return {"plan": (n, self._config.horizon, self._config.action_dim)}
 
-    def _predict_rollout(self, observation: Any, actions: Any, agent_units: bool) -> dict[str, np.ndarray]:
-        obs, vectorized = self._predict_batch(observation)
-        n, dim = obs.shape[0], self._config.action_dim
-        actions = np.asarray(actions, np.float32)
-        if actions.ndim == 2 and not vectorized:
-            actions = actions[None]
-        if actions.ndim != 3 or actions.shape[0] != n or actions.shape[2] != dim:
-            raise ValueError(f"actions have shape {actions.shape}, expected ({n}, T, {dim}).")
-        if not agent_units:
-            actions = self.action_adapter.from_env(actions.reshape(-1, dim)).reshape(actions.shape)
-        out = core.predict_rollout_jit(
-            self._config, self.policy.state["agent"].params, jnp.asarray(obs), actions
+    def _open_loop(
+        self, observation: Any, obs: np.ndarray, actions: np.ndarray, state: Any, episode_start: Any
+    ) -> dict[str, Any]:
+        return core.predict_rollout_jit(
+            self._config, self.policy.state["agent"].params, jnp.asarray(obs), jnp.asarray(actions)
         )
-        return {k: (np.asarray(v) if vectorized else np.asarray(v)[0]) for k, v in out.items()}
 
 
 def _nothing() -> None:
