@@ -62,8 +62,13 @@ class AgentFunction:
         """The ``jax.jit`` function of ``config`` (``lower``, ``trace``, ... work on it)."""
         jitted = self._compiled.pop(config, None)
         if jitted is None:
+
+            def for_config(*args: Any, **kwargs: Any) -> Any:
+                return self._pinned(config, *args, **kwargs)
+
+            for_config.__name__ = for_config.__qualname__ = self._fn.__name__  # the program's name
             jitted = jax.jit(
-                functools.partial(self._pinned, config),
+                for_config,
                 static_argnames=self._static_argnames,
                 compiler_options=COMPILER_OPTIONS,
             )
