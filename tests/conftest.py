@@ -60,19 +60,15 @@ keep a few configurations only (``blocks.jit.COMPILED_CONFIGS_KEPT``); the rest 
 """
 
 
-def _memory_mappings() -> int | None:
-    try:
-        with open(f"/proc/{os.getpid()}/maps") as f:
-            return sum(1 for _ in f)
-    except OSError:  # not Linux
-        return None
-
-
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs() -> Iterator[None]:
     yield
-    mappings = _memory_mappings()
-    if mappings is not None and mappings > MAPPINGS_BEFORE_CLEARING and "jax" in sys.modules:
+    if "jax" not in sys.modules:
+        return
+    from sb3_worldmodels.blocks.jit import memory_mappings
+
+    mappings = memory_mappings()
+    if mappings is not None and mappings > MAPPINGS_BEFORE_CLEARING:
         sys.modules["jax"].clear_caches()
         gc.collect()
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import os
 
 import jax
 import jax.numpy as jnp
@@ -24,28 +23,23 @@ class Config:
     matmul_precision: str = "float32"
 
 
-def _memory_mappings() -> int:
-    with open(f"/proc/{os.getpid()}/maps") as f:
-        return sum(1 for _ in f)
-
-
 def _chain(config: Config, x):
     for _ in range(5):
         x = jnp.sin(x @ x.T) * config.scale + jnp.cumsum(x, 0)
     return x
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="counts Linux memory mappings")
+@pytest.mark.skipif(J.memory_mappings() is None, reason="counts Linux memory mappings")
 def test_the_programs_of_old_configs_are_released():
     fn = J.agent_jit(_chain)
     x = jnp.ones((8, 8))
     fn(Config(0.0), x)
-    before = _memory_mappings()
+    before = J.memory_mappings()
     for i in range(1, 60):
         fn(Config(float(i)), x)
     gc.collect()
     # Kept: about 8 mappings per program for COMPILED_CONFIGS_KEPT programs; all 60 kept: ~480 more.
-    assert _memory_mappings() - before < 150
+    assert J.memory_mappings() - before < 150
 
 
 def test_recent_configs_are_not_compiled_again_and_evicted_ones_are():

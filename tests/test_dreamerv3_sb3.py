@@ -233,7 +233,9 @@ def test_predict_rollout_agrees_with_acting(env_id):
     env.action_space.seed(0)
     others = [np.stack([env.action_space.sample() for _ in range(2)]) for _ in range(3)]
     later = np.stack([action, *others], 1)
+    calls = model._predict_calls
     out = model.predict_rollout(obs, later, state=first_state, episode_start=dones)
+    assert model._predict_calls == calls  # predict's random stream is not advanced
     n, t = 2, 4
     assert out["observation"].shape == (n, t, model.observation_space.shape[0])
     assert out["reward"].shape == out["continue"].shape == (n, t) and out["value"].shape == (n,)

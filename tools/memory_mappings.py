@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -25,11 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from sb3_worldmodels import DreamerV3  # noqa: E402
 from sb3_worldmodels.blocks import jit  # noqa: E402
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS  # noqa: E402
-
-
-def memory_mappings() -> int:
-    with open(f"/proc/{os.getpid()}/maps") as f:
-        return sum(1 for _ in f)
 
 
 def main() -> None:
@@ -43,7 +37,7 @@ def main() -> None:
     for i in range(args.configs):
         model = DreamerV3("CartPole-v1", **SMOKE_SETTINGS, return_horizon=2.0 + i, train_fill=0, seed=0)
         model.learn(400)
-        row = {"configs": i + 1, "kept": args.kept, "mappings": memory_mappings(), "limit": limit}
+        row = {"configs": i + 1, "kept": args.kept, "mappings": jit.memory_mappings(), "limit": limit}
         print(json.dumps(row), flush=True)
         del model
 

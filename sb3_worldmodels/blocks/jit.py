@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,6 +41,16 @@ test session; a dropped configuration is compiled again (or read from JAX's pers
 it is used again."""
 
 
+def memory_mappings() -> int | None:
+    """The memory mappings this process holds (``/proc/<pid>/maps``); None where there is no such file
+    (not Linux)."""
+    try:
+        with open(f"/proc/{os.getpid()}/maps") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
 class AgentFunction:
     """``fn(config, ...)`` compiled per ``config`` (static), with every matmul traced inside under
     ``config.matmul_precision`` (:data:`MATMUL_PRECISIONS`) and :data:`COMPILER_OPTIONS`; the
@@ -63,12 +74,12 @@ class AgentFunction:
         jitted = self._compiled.pop(config, None)
         if jitted is None:
 
-            def for_config(*args: Any, **kwargs: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
                 return self._pinned(config, *args, **kwargs)
 
-            for_config.__name__ = for_config.__qualname__ = self._fn.__name__  # the program's name
+            call.__name__ = call.__qualname__ = self._fn.__name__  # the program's name
             jitted = jax.jit(
-                for_config,
+                call,
                 static_argnames=self._static_argnames,
                 compiler_options=COMPILER_OPTIONS,
             )

@@ -952,14 +952,21 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         return self.obs_adapter.flatten(observation), vectorized
 
     def _predict_inputs(
-        self, observation: Any, state: Any, episode_start: Any, deterministic: Any
+        self,
+        observation: Any,
+        state: Any,
+        episode_start: Any,
+        deterministic: Any,
+        warn_stateless: bool = True,
     ) -> tuple[np.ndarray, bool, list[np.ndarray], np.ndarray]:
         """The checked inputs of ``predict``: (flat observations (n, O), whether they were a batch, the
-        carried state as float32 arrays (zeros when ``state`` is None), (n,) episode starts)."""
+        carried state as float32 arrays (zeros when ``state`` is None), (n,) episode starts).
+        ``warn_stateless`` counts the call for the stateless-``predict`` warning."""
         obs, vectorized = self._predict_batch(observation)
         n = obs.shape[0]
         given_starts = self._check_predict_args(deterministic, episode_start, n)
-        self._count_stateless_predict(state, episode_start)
+        if warn_stateless:
+            self._count_stateless_predict(state, episode_start)
         expected = self._predict_state_shapes(n)
         if state is None:
             return (
@@ -998,9 +1005,11 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
     def _predict_rollout(
         self, observation: Any, actions: Any, state: Any, episode_start: Any, agent_units: bool
     ) -> dict[str, np.ndarray]:
-        obs, vectorized = self._predict_batch(observation)
+        obs, vectorized, carried, starts = self._predict_inputs(
+            observation, state, episode_start, deterministic=True, warn_stateless=False
+        )
         agent_actions = self._rollout_actions(actions, obs.shape[0], vectorized, agent_units)
-        out = self._open_loop(observation, obs, agent_actions, state, episode_start)
+        out = self._open_loop(obs, agent_actions, carried, starts)
         return {k: (np.asarray(v) if vectorized else np.asarray(v)[0]) for k, v in out.items()}
 
     def _rollout_actions(self, actions: Any, n: int, vectorized: bool, agent_units: bool) -> np.ndarray:
@@ -1025,10 +1034,10 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         return np.asarray(flat, np.float32).reshape(n, steps, -1)
 
     def _open_loop(
-        self, observation: Any, obs: np.ndarray, actions: np.ndarray, state: Any, episode_start: Any
+        self, obs: np.ndarray, actions: np.ndarray, carried: list[np.ndarray], starts: np.ndarray
     ) -> dict[str, Any]:
-        """The agent's open-loop predictions: the raw ``observation`` and its flat batch ``obs`` (n, O),
-        agent ``actions`` (n, T, A), ``predict``'s previous ``state`` and ``episode_start``."""
+        """The agent's open-loop predictions from flat observations ``obs`` (n, O) along agent
+        ``actions`` (n, T, A), given ``predict``'s checked state ``carried`` and (n,) ``starts``."""
         raise NotImplementedError
 
     def _predict_state_shapes(self, n: int) -> dict[str, tuple[int, ...]]:

@@ -364,21 +364,33 @@ class DreamerV3(WorldModelAlgorithm):
         obs, vectorized, carry, starts = self._predict_inputs(
             observation, state, episode_start, deterministic
         )
-        n = obs.shape[0]
         key = jax.random.fold_in(self.policy.state["predict_key"], self._predict_calls)
         self._predict_calls += 1
+        action, new_state = self._predict_step(obs, carry, starts, key, bool(deterministic))
+        return self._env_actions(action, vectorized), new_state
+
+    def _predict_step(
+        self,
+        obs: np.ndarray,
+        carry: list[np.ndarray],
+        starts: np.ndarray,
+        key: jax.Array,
+        deterministic: bool,
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """One policy step of ``predict``: obs (n, O), the carried (deter, stoch, action) and (n,)
+        starts → (agent actions (n, A), the new (deter, stoch, action))."""
+        n = obs.shape[0]
         rows = padded_rows(n)  # one compilation per power of two, not per batch size
-        action, carry, _, _ = core.policy_step_jit(
+        action, new, _, _ = core.policy_step_jit(
             self._config,
             core.policy_params(self.policy.state["agent"]),
             core.Carry(*(jnp.asarray(pad_rows(x, rows)) for x in carry)),
             jnp.asarray(pad_rows(obs, rows)),
             jnp.asarray(pad_rows(starts, rows)),
             key,
-            deterministic=bool(deterministic),
+            deterministic=deterministic,
         )
-        new_state = tuple(np.asarray(x)[:n] for x in carry)
-        return self._env_actions(np.asarray(action)[:n], vectorized), new_state
+        return np.asarray(action)[:n], tuple(np.asarray(x)[:n] for x in new)
 
     def _predict_state_shapes(self, n: int) -> dict[str, tuple[int, ...]]:
         cfg = self._config
@@ -392,7 +404,8 @@ class DreamerV3(WorldModelAlgorithm):
         self, observation: Any, actions: Any, state: Any = None, episode_start: Any = None
     ) -> dict[str, np.ndarray]:
         """What the world model expects if ``actions`` are taken next, open loop (no sampling), from
-        the belief ``predict(observation, state, episode_start)`` forms.
+        the belief ``predict(observation, state, episode_start, deterministic=True)`` forms (the
+        posterior's mode). It does not advance ``predict``'s random stream.
 
         :param observation: the observation ``predict`` gets now: one, or a batch (n, ...).
         :param actions: env actions from now on: (T,) for Discrete or (T, A) for Box for one
@@ -408,9 +421,11 @@ class DreamerV3(WorldModelAlgorithm):
         return super().predict_rollout(observation, actions, state, episode_start)
 
     def _open_loop(
-        self, observation: Any, obs: np.ndarray, actions: np.ndarray, state: Any, episode_start: Any
+        self, obs: np.ndarray, actions: np.ndarray, carried: list[np.ndarray], starts: np.ndarray
     ) -> dict[str, Any]:
-        _, belief = self.predict(observation, state, episode_start, deterministic=True)
+        # The belief after obs: the posterior's mode, as deterministic predict (the key is not used).
+        key = self.policy.state["predict_key"]
+        _, belief = self._predict_step(obs, carried, starts, key, deterministic=True)
         return core.predict_rollout_jit(
             self._config,
             self.policy.state["agent"].params,

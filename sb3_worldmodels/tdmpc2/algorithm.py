@@ -415,7 +415,7 @@ class TDMPC2(WorldModelAlgorithm):
         return {"plan": (n, self._config.horizon, self._config.action_dim)}
 
     def _open_loop(
-        self, observation: Any, obs: np.ndarray, actions: np.ndarray, state: Any, episode_start: Any
+        self, obs: np.ndarray, actions: np.ndarray, carried: list[np.ndarray], starts: np.ndarray
     ) -> dict[str, Any]:
         return core.predict_rollout_jit(
             self._config, self.policy.state["agent"].params, jnp.asarray(obs), jnp.asarray(actions)
