@@ -314,53 +314,97 @@ def test_init_state_parameters_and_optimizer_state() -> None:
     assert 0 < np.abs(actor_out).max() <= 2 * 1.1368 * 0.01 / np.sqrt(actor_out.shape[0]) * (1 + 1e-6)
 
 
-def test_pure_forward_matches_the_flax_modules() -> None:
-    """The agent's pure network functions compute what the flax modules compute on the same trees."""
+def _perturbed_params(config):
+    state = A.init_state(config, jax.random.PRNGKey(5))
+    return jax.tree_util.tree_map(  # non-trivial biases, norm scales and output layers
+        lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), state.params
+    )
+
+
+def _assert_trees_close(ours, ref, tol=1e-5):
+    for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(ref), strict=True):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("discrete", [False, True])
+def test_fused_heads_equal_each_network_alone(discrete: bool) -> None:
+    """Heads: networks run together (first layers in one matmul) give each network's own output."""
+    from sb3_worldmodels.dreamerv3 import networks as N
+
+    config = tiny_config(discrete)
+    p = _perturbed_params(config)
+    nets = N.make_networks(config)
+    feat = jnp.asarray(np.random.default_rng(0).normal(size=(5, config.feat_dim)), jnp.float32)
+    names = ("dec", "rew", "con", "critic", "actor")
+    together = N.heads(config, {**{k: p[k] for k in names}, "slow": p["critic"]}, feat)
+    for name in ("dec", "rew", "con", "critic", "actor", "slow"):
+        kind = "critic" if name == "slow" else name
+        alone = getattr(nets, kind).apply({"params": p[kind]}, feat)
+        _assert_trees_close(together[name], alone)
+        _assert_trees_close(N.heads(config, {name: p[kind]}, feat)[name], alone)
+
+
+def _reference_layout_gru(config, dyn, deter, stoch, action):
+    """The block GRU step written as the reference lays it out (nets.py:119-173@2411f7d): dyn0 and
+    dyncore as block-diagonal layers on the flat [h_g, u] per block, gates split per block."""
+    from flax import linen as nn
+
+    from sb3_worldmodels.blocks.layers import BlockLinear, NormedDense
+
+    g, d = config.blocks, config.deter
+
+    class Step(nn.Module):
+        @nn.compact
+        def __call__(self, deter, stoch, action):
+            action = action / jnp.maximum(1.0, jnp.abs(action))
+            u = jnp.concatenate(
+                [
+                    NormedDense(config.hidden, name="dynin0")(deter),
+                    NormedDense(config.hidden, name="dynin1")(stoch.reshape(stoch.shape[0], -1)),
+                    NormedDense(config.hidden, name="dynin2")(action),
+                ],
+                -1,
+            )
+            u = jnp.broadcast_to(u[:, None, :], (u.shape[0], g, u.shape[-1]))
+            x = jnp.concatenate([deter.reshape(-1, g, d // g), u], -1).reshape(deter.shape[0], -1)
+            x = BlockLinear(d, g, norm=True, act="silu", name="dyn0")(x)
+            x = BlockLinear(3 * d, g, name="dyncore")(x).reshape(-1, g, 3, d // g)
+            reset, cand, update = (x[:, :, i].reshape(-1, d) for i in range(3))
+            cand = jnp.tanh(jax.nn.sigmoid(reset) * cand)
+            update = jax.nn.sigmoid(update - 1.0)
+            return update * cand + (1.0 - update) * deter
+
+    layers = ("dynin0", "dynin1", "dynin2", "dyn0", "dyncore")
+    return Step().apply({"params": {k: dyn[k] for k in layers}}, deter, stoch, action)
+
+
+@pytest.mark.parametrize("for_gradient", [False, True])
+def test_rssm_block_first_step_equals_the_reference_layout(for_gradient: bool) -> None:
+    """RSSM.core (block-first, dyn0's kernel split by prepare, optionally with transposed copies)
+    computes the reference's block GRU step, with and without prepared arrays; its gradient too."""
     from sb3_worldmodels.dreamerv3 import networks as N
 
     config = tiny_config(False)
-    state = A.init_state(config, jax.random.PRNGKey(5))
-    p = jax.tree_util.tree_map(  # non-trivial biases, norm scales and output layers
-        lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), state.params
-    )
-    nets = N.make_networks(config)
+    dyn = _perturbed_params(config)["dyn"]
     rng = np.random.default_rng(0)
     n = 5
-    obs = jnp.asarray(rng.normal(size=(n, config.obs_dim)), jnp.float32)
     deter = jnp.asarray(rng.normal(size=(n, config.deter)), jnp.float32)
     stoch = jax.nn.one_hot(rng.integers(0, config.classes, (n, config.stoch)), config.classes)
     action = jnp.asarray(3 * rng.normal(size=(n, config.action_dim)), jnp.float32)
-    embed = jnp.asarray(rng.normal(size=(n, config.units)), jnp.float32)
-    feat = N.features(deter, stoch)
 
-    def apply(module, params, *args, method=None):
-        return module.apply({"params": params}, *args, method=method)
+    def ours(dyn, prepared):
+        return N.rssm_step(config, dyn, prepared, deter, N.to_blocks(config, deter), stoch, action)
 
-    dyn = N.rssm_prepare(config, p["dyn"])
-    dyn_module = nets.dyn
-    pairs = [
-        (N.encode(config, p["enc"], obs), apply(nets.enc, p["enc"], obs)),
-        (
-            N.rssm_core(config, dyn, deter, stoch, action),
-            apply(dyn_module, p["dyn"], deter, stoch, action, method="core"),
-        ),
-        (N.rssm_prior(config, dyn, deter), apply(dyn_module, p["dyn"], deter, method="prior")),
-        (
-            N.rssm_posterior(config, dyn, deter, embed),
-            apply(dyn_module, p["dyn"], deter, embed, method="posterior"),
-        ),
-    ]
-    trunks = [(p["dec"], "mlp", config.dec_layers), (p["rew"], "h", config.rew_layers)]
-    trunks += [(p["con"], "h", config.con_layers), (p["critic"], "h", config.critic_layers)]
-    trunks += [(p["actor"], "h", config.actor_layers)]
-    dec_h, rew_h, con_h, critic_h, actor_h = N.mlp_trunks(feat, trunks)
-    pairs += [
-        (N.decode(config, p["dec"], dec_h), apply(nets.dec, p["dec"], feat)),
-        (N.head_out(p["rew"], rew_h), apply(nets.rew, p["rew"], feat)),
-        (N.head_out(p["con"], con_h), apply(nets.con, p["con"], feat)),
-        (N.head_out(p["critic"], critic_h), apply(nets.critic, p["critic"], feat)),
-        (N.actor_out(p["actor"], actor_h), apply(nets.actor, p["actor"], feat)),
-    ]
-    for ours, ref in pairs:
-        for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(ref), strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    ref = _reference_layout_gru(config, dyn, deter, stoch, action)
+    new, blocks = ours(dyn, N.rssm_prepare(config, dyn, for_gradient))
+    _assert_trees_close(new, ref)
+    _assert_trees_close(blocks, N.to_blocks(config, ref))
+    _assert_trees_close(ours(dyn, None)[0], ref)  # prepared inline when not given
+
+    def loss(fn):
+        return lambda p: jnp.sum(jnp.sin(fn(p)))
+
+    grad = jax.grad(loss(lambda p: ours(p, N.rssm_prepare(config, p, for_gradient))[0]))(dyn)
+    grad_ref = jax.grad(loss(lambda p: _reference_layout_gru(config, p, deter, stoch, action)))(dyn)
+    for name, g in grad_ref.items():
+        _assert_trees_close(grad[name], g, tol=1e-4)

@@ -433,13 +433,15 @@ def test_policy_step() -> None:
     # nets.py:518-528@2411f7d), compared as log-softmax (the reference's logits are log-probs).
     from sb3_worldmodels.dreamerv3 import networks as N
 
-    dyn = N.rssm_prepare(CONFIG, params["dyn"])
+    dyn = params["dyn"]
     keep = 1.0 - q["in/is_first"].astype(np.float32)
     embed = N.encode(CONFIG, params["enc"], jnp.asarray(q["in/vector"]))
-    deter2 = N.rssm_core(
+    deter2, _ = N.rssm_step(
         CONFIG,
         dyn,
+        None,
         carry.deter * keep[:, None],
+        N.to_blocks(CONFIG, carry.deter * keep[:, None]),
         carry.stoch * keep[:, None, None],
         carry.action * keep[:, None],
     )

@@ -284,7 +284,7 @@ def test_replay_rows_follow_the_reference_driver():
     buf = model.replay_buffer
     assert buf.rows_added_per_env.sum() == model.num_timesteps
     cfg = model._config
-    dyn = N.rssm_prepare(cfg, core.policy_params(model.policy.state["agent"])["dyn"])
+    dyn = core.policy_params(model.policy.state["agent"])["dyn"]
     for env in range(2):
         rows = buf.read_rows(env, np.arange(buf.rows_added_per_env[env]))
         expected, k = [], 0
@@ -305,10 +305,13 @@ def test_replay_rows_follow_the_reference_driver():
         # Each non-first, non-last row's deter is the GRU step from the previous row's stored latent
         # and stored action: exactly what training's replay context relies on (§11).
         for i in np.flatnonzero(~rows["is_first"] & ~last)[:6]:
-            deter = N.rssm_core(
+            prev = jnp.asarray(rows["deter"][i - 1 : i])
+            deter, _ = N.rssm_step(
                 cfg,
                 dyn,
-                jnp.asarray(rows["deter"][i - 1 : i]),
+                None,
+                prev,
+                N.to_blocks(cfg, prev),
                 jax.nn.one_hot(rows["stoch"][i - 1 : i], cfg.classes),
                 jnp.asarray(rows["action"][i - 1 : i]),
             )

@@ -8,8 +8,12 @@ An ``--impl`` is an importable copy of the package (e.g. an older commit's ``sb3
 renamed, on PYTHONPATH). A refactor whose lowered programs are identical compiles to the same
 executables, so it keeps the speed by construction; when they differ, time both side by side
 (``benchmarks/tdmpc2_speed.py``, ``tools/profile_update.py``). Prints one JSON line per program.
-Configurations: TD-MPC2 size 1 on Pendulum shapes (obs 3, action 1); DreamerV3 "tiny" on CartPole
-shapes (``tools/profile_update.py``).
+Configurations: TD-MPC2 size 1 on Pendulum shapes (obs 3, action 1); DreamerV3 "tiny" with CartPole
+shapes (discrete actions) and with continuous actions (``tools/profile_update.py``).
+
+``compiled_ops_identical``: the optimised programs hold the same operations on the same shapes (a
+multiset of (result shape, opcode), loop-carried tuples left out), e.g. when only the order of
+independent operations differs in the lowered text.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import importlib
 import json
 import re
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,10 +59,10 @@ def tdmpc2_programs(impl: str) -> dict[str, Lowered]:
     }
 
 
-def dreamerv3_programs(impl: str) -> dict[str, Lowered]:
+def dreamerv3_programs(impl: str, continuous: bool = False) -> dict[str, Lowered]:
     core = importlib.import_module(f"{impl}.dreamerv3.agent")
     preset = importlib.import_module(f"{impl}.dreamerv3.config").preset
-    args = argparse.Namespace(continuous=False, batch=4, length=8, size="tiny")
+    args = argparse.Namespace(continuous=continuous, batch=4, length=8, size="tiny")
     config = profile_update.make_config(args, preset)
     state = core.init_state(config, jax.random.PRNGKey(0))
     batches = profile_update.make_batches(config, 1)
@@ -74,6 +79,7 @@ def dreamerv3_programs(impl: str) -> dict[str, Lowered]:
 AGENTS: dict[str, Callable[[str], dict[str, Lowered]]] = {
     "tdmpc2": tdmpc2_programs,
     "dreamerv3": dreamerv3_programs,
+    "dreamerv3-continuous": lambda impl: dreamerv3_programs(impl, continuous=True),
 }
 
 
@@ -82,9 +88,15 @@ def program_text(lowered: Lowered) -> str:
     return re.sub(r"^module @\S+", "module", text)  # the jitted function's name
 
 
-def compiled_instructions(lowered: Lowered) -> int:
-    text = lowered.compile().as_text()
-    return sum(1 for line in text.splitlines() if re.match(r"\s+(ROOT )?%?[\w.\-]+ = ", line))
+def compiled_instructions(compiled_text: str) -> list[str]:
+    """The instruction lines of an optimised HLO module."""
+    return [line for line in compiled_text.splitlines() if re.match(r"\s+(ROOT )?%?[\w.\-]+ = ", line)]
+
+
+def compiled_ops(instructions: list[str]) -> Counter:
+    """(result shape, opcode) of each instruction whose result is not a tuple."""
+    ops = (re.match(r"\s+(?:ROOT )?%?[\w.\-]+ = (\S+) ([\w\-]+)", line) for line in instructions)
+    return Counter(m.groups() for m in ops if m and not m.group(1).startswith("("))
 
 
 def main() -> None:
@@ -98,11 +110,13 @@ def main() -> None:
         built = [AGENTS[agent](impl) for impl in args.impl]
         for name in built[0]:
             first, second = built[0][name], built[1][name]
+            compiled = [compiled_instructions(x.compile().as_text()) for x in (first, second)]
             row = {
                 "program": name,
                 "impls": args.impl,
                 "lowered_identical": program_text(first) == program_text(second),
-                "compiled_instructions": [compiled_instructions(first), compiled_instructions(second)],
+                "compiled_ops_identical": compiled_ops(compiled[0]) == compiled_ops(compiled[1]),
+                "compiled_instructions": [len(x) for x in compiled],
             }
             print(json.dumps(row), flush=True)
 

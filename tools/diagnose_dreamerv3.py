@@ -41,13 +41,13 @@ def belief_heads(model: DreamerV3, state: tuple[np.ndarray, ...]) -> dict[str, f
     """Features, actor entropy, continue probability and critic value at a belief (``predict``'s state)."""
     config, params = model._config, model.policy.state["agent"].params
     feat = features(jnp.asarray(state[0]), jnp.asarray(state[1]))
-    _, _, con_h, critic_h = N.mlp_trunks(feat, core.state_head_trunks(config, params))
+    heads = N.heads(config, {"con": params["con"], "critic": params["critic"]}, feat)
     dist = core.actor_distribution(config, params["actor"], feat)
     return {
         "features": np.asarray(feat)[0],
         "entropy": float(core.actor_entropy(config, dist)[0]),
-        "continue": float(jax.nn.sigmoid(N.head_out(params["con"], con_h)[0, 0])),
-        "value": float(twohot_mean(N.head_out(params["critic"], critic_h), core.head_bins(config))[0]),
+        "continue": float(jax.nn.sigmoid(heads["con"][0, 0])),
+        "value": float(twohot_mean(heads["critic"], core.head_bins(config))[0]),
     }
 
 

@@ -243,16 +243,11 @@ def breakdown(b: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         """Imagined-state heads: actor and critic with gradient, slow critic, reward and continue without."""
 
         def total(p: dict) -> jax.Array:
-            actor_h, critic_h = nets.mlp_trunks(
-                feat, [(p["actor"], "h", config.actor_layers), (p["critic"], "h", config.critic_layers)]
-            )
-            out = nets.actor_out(p["actor"], actor_h)[0].sum() + nets.head_out(p["critic"], critic_h).sum()
-            nog = jax.lax.stop_gradient((slow, p["rew"], p["con"]))
-            hs = nets.mlp_trunks(
-                feat,
-                [(nog[0], "h", config.critic_layers), (nog[1], "h", config.rew_layers), (nog[2], "h", 1)],
-            )
-            return out + sum(nets.head_out(q, x).sum() for q, x in zip(nog, hs, strict=True))
+            steps = nets.heads(config, {"actor": p["actor"], "critic": p["critic"]}, feat)
+            out = steps["actor"][0].sum() + steps["critic"].sum()
+            nog = jax.lax.stop_gradient({"slow": slow, "rew": p["rew"], "con": p["con"]})
+            frozen = nets.heads(config, {k: nog[k] for k in ("slow", "rew", "con")}, feat)
+            return out + sum(x.sum() for x in frozen.values())
 
         return jax.grad(total)(p)
 

@@ -22,6 +22,7 @@ Initializer = Callable[[Array, Sequence[int], Any], Array]
 
 __all__ = [
     "MLP",
+    "PREPARED",
     "RMS_EPS",
     "TRUNC_NORMAL_STD_CORRECTION",
     "BlockLinear",
@@ -34,6 +35,7 @@ __all__ = [
     "layer_norm",
     "matmul_pretransposed",
     "mish",
+    "rms_norm",
     "simnorm",
     "trunc_normal_fan_in",
 ]
@@ -44,6 +46,11 @@ TRUNC_NORMAL_STD_CORRECTION = 1.1368
 
 RMS_EPS = 1e-4
 """Epsilon of :class:`RMSNorm` (DreamerV3 nets.py:728@2411f7d)."""
+
+PREPARED = "prepared"
+"""Variable collection of arrays derived from the parameters once per call, outside loops: a layer
+with a ``kernel_t`` there (the transposed kernel) runs its input gradient on it
+(:func:`matmul_pretransposed`). Passed to ``apply`` next to ``"params"``, same paths."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,6 +204,19 @@ block_matmul_pretransposed.defvjp(_block_pt_fwd, _block_pt_bwd)
 # --------------------------------------------------------------------------------------------
 
 
+def rms_norm(x: Array, scale: Array, axis: int | tuple[int, ...] = -1, eps: float = RMS_EPS) -> Array:
+    """x · rsqrt(mean(x², axis) + eps) · scale (:class:`RMSNorm` over ``axis``)."""
+    ms = jnp.mean(jnp.square(x), axis=axis, keepdims=True)
+    return x * jax.lax.rsqrt(ms + eps) * scale
+
+
+def _matmul(layer: nn.Module, x: Array, kernel: Array) -> Array:
+    """x @ kernel, by :func:`matmul_pretransposed` when the layer has a :data:`PREPARED` ``kernel_t``."""
+    if layer.has_variable(PREPARED, "kernel_t"):
+        return matmul_pretransposed(x, kernel, layer.get_variable(PREPARED, "kernel_t"))
+    return x @ kernel
+
+
 class RMSNorm(nn.Module):
     """y = x · rsqrt(mean(x², last axis) + eps) · scale; ``scale`` (F,) starts at ones, no offset.
 
@@ -208,8 +228,7 @@ class RMSNorm(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
-        ms = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-        return x * jax.lax.rsqrt(ms + self.eps) * scale.astype(x.dtype)
+        return rms_norm(x, scale.astype(x.dtype), eps=self.eps)
 
 
 def _make_norm(norm: str, name: str) -> nn.Module | None:
@@ -240,7 +259,7 @@ class Dense(nn.Module):
         )
         bias = self.param("bias", nn.initializers.zeros, (self.units,), jnp.float32)
         x = jnp.asarray(x, self.dtype)
-        return x @ kernel.astype(self.dtype) + bias.astype(self.dtype)
+        return _matmul(self, x, kernel.astype(self.dtype)) + bias.astype(self.dtype)
 
 
 class NormedDense(nn.Module):
@@ -258,13 +277,18 @@ class NormedDense(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x: Array) -> Array:
+    def __call__(self, x: Array, preactivation: Array | None = None) -> Array:
+        """``preactivation``: x @ kernel + bias computed by the caller (e.g. several layers that read
+        the same x in one matmul); the layer then applies only its norm and activation."""
         kernel = self.param(
             "kernel", trunc_normal_fan_in(self.outscale), (x.shape[-1], self.units), jnp.float32
         )
         bias = self.param("bias", nn.initializers.zeros, (self.units,), jnp.float32)
-        x = jnp.asarray(x, self.dtype)
-        x = x @ kernel.astype(self.dtype) + bias.astype(self.dtype)
+        if preactivation is not None:
+            x = preactivation
+        else:
+            x = jnp.asarray(x, self.dtype)
+            x = _matmul(self, x, kernel.astype(self.dtype)) + bias.astype(self.dtype)
         norm = _make_norm(self.norm, "norm")
         if norm is not None:
             x = norm(x)

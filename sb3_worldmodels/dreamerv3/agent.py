@@ -175,14 +175,14 @@ def head_bins(config: DreamerV3Config) -> Array:
 def init_state(config: DreamerV3Config, key: Array) -> DreamerState:
     """A fresh agent state from a (2,) uint32 PRNG key.
 
-    The parameters equal :func:`init_params` of the split-off key; they and the optimiser state (all
-    zeros but the learning rate) are assembled on the host around one jitted draw.
+    The parameters are :func:`init_params` of the split-off key (jitted); the optimiser state is all
+    zeros but the learning rate.
     """
     key = jnp.asarray(key)
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.key_data(key)
     key, init_key = jax.random.split(key)
-    params, slow_critic = init_params(config, init_key, on_host=True)
+    params, slow_critic = init_params_jit(config, init_key)
     opt_shapes = jax.eval_shape(make_optimizer(config).init, params)
     opt_state = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), opt_shapes)
     params, slow_critic, opt_state = jax.device_put((params, slow_critic, opt_state))
@@ -211,40 +211,22 @@ def policy_params(state: DreamerState) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-# Network helpers (pure functions of networks.py on the parameter trees)
+# Network helpers
 # ------------------------------------------------------------------------------------------------
 
 
-def _trunk(p: dict, prefix: str, layers: int) -> tuple[dict, str, int]:
-    return (p, prefix, layers)
-
-
-def _actor_trunk(config: DreamerV3Config, p: dict) -> tuple[dict, str, int]:
-    return (p, "h", config.actor_layers)
-
-
-def _critic_trunk(config: DreamerV3Config, p: dict) -> tuple[dict, str, int]:
-    return (p, "h", config.critic_layers)
-
-
-def state_head_trunks(config: DreamerV3Config, params: dict) -> list[tuple[dict, str, int]]:
-    """The trunks that read a model state: decoder, reward, continue, critic (for :func:`N.mlp_trunks`)."""
-    return [
-        _trunk(params["dec"], "mlp", config.dec_layers),
-        _trunk(params["rew"], "h", config.rew_layers),
-        _trunk(params["con"], "h", config.con_layers),
-        _critic_trunk(config, params["critic"]),
-    ]
+def state_heads(params: dict) -> dict[str, dict]:
+    """The networks that read a model state, for :func:`N.heads`: decoder, reward, continue, critic."""
+    return {k: params[k] for k in ("dec", "rew", "con", "critic")}
 
 
 def actor_distribution(config: DreamerV3Config, actor: dict, feat: Array) -> tuple[Array, Array | None]:
-    (hidden,) = N.mlp_trunks(feat, [_actor_trunk(config, actor)])
-    return actor_dist(config, *N.actor_out(actor, hidden))
+    return actor_dist(config, *N.heads(config, {"actor": actor}, feat)["actor"])
 
 
 def _critic_logits(config: DreamerV3Config, critic: dict, feat: Array) -> Array:
-    (hidden,) = N.mlp_trunks(feat, [_critic_trunk(config, critic)])
-    return N.head_out(critic, hidden)
+    logits: Array = N.heads(config, {"critic": critic}, feat)["critic"]
+    return logits
 
 
 def _actor_log_prob(config: DreamerV3Config, dist: tuple[Array, Array | None], action: Array) -> Array:
@@ -300,9 +282,10 @@ def policy_step(
     stoch = carry.stoch * keep[:, None, None]
     prev_action = carry.action * keep[:, None]
     embed = N.encode(config, params["enc"], obs)
-    dyn = N.rssm_prepare(config, params["dyn"])
-    deter = N.rssm_core(config, dyn, deter, stoch, prev_action)
-    logits = N.rssm_posterior(config, dyn, deter, embed)
+    dyn = params["dyn"]
+    prep = N.rssm_prepare(config, dyn)
+    deter, _ = N.rssm_step(config, dyn, prep, deter, N.to_blocks(config, deter), stoch, prev_action)
+    logits = N.rssm_posterior(config, dyn, deter, embed, prep)
     if deterministic:
         stoch = onehot_mode(logits)
     else:
@@ -356,29 +339,27 @@ def observe(
     The action projection ``dynin2`` does not depend on the recurrent state, so it runs once for all
     (B, T) rows before the scan.
     """
-    p = N.rssm_prepare(config, dyn, for_gradient=True)
+    prep = N.rssm_prepare(config, dyn, for_gradient=True)
     keep = 1.0 - is_first.astype(jnp.float32)
-    action = prev_action * keep[..., None]
-    action = action / sg(jnp.maximum(1.0, jnp.abs(action)))
-    dynin2 = N.normed_dense(p["dynin2"], action)
+    action_input = N.rssm_action_input(config, dyn, prev_action * keep[..., None])
 
     def step(carry: tuple[Array, ...], xs: tuple[Array, ...]) -> tuple[tuple[Array, ...], tuple]:
         deter, blocks, stoch = carry
         act, emb, k, gumbel = xs
-        deter, blocks = N.rssm_core_blocks(
+        deter, blocks = N.rssm_step(
             config,
-            p,
+            dyn,
+            prep,
             deter * k[:, None],
             blocks * k[:, None],
             stoch * k[:, None, None],
-            None,  # type: ignore[arg-type]
-            act,
+            action_input=act,
         )
-        logits = N.rssm_posterior(config, p, deter, emb)
+        logits = N.rssm_posterior(config, dyn, deter, emb, prep)
         stoch = sample_onehot(logits, gumbel)
         return (deter, blocks, stoch), (deter, stoch, logits)
 
-    xs = tuple(jnp.swapaxes(x, 0, 1) for x in (dynin2, embed, keep, noise))
+    xs = tuple(jnp.swapaxes(x, 0, 1) for x in (action_input, embed, keep, noise))
     carry = (start.deter, N.to_blocks(config, start.deter), start.stoch)
     _, outs = jax.lax.scan(step, carry, xs)  # type: ignore[arg-type]
     return tuple(jnp.swapaxes(x, 0, 1) for x in outs)  # type: ignore[return-value]
@@ -429,30 +410,24 @@ def imagine(
         deter: (N, D) start deter; stoch: (N, S, C) start stoch.
     """
     params, heads = sg(params), sg(heads)
-    dyn, actor = N.rssm_prepare(config, params["dyn"]), params["actor"]
+    dyn = params["dyn"]
+    prep = N.rssm_prepare(config, dyn)
     bins = head_bins(config)
+    frozen = {} if heads is None else {k: heads[k] for k in ("slow", "rew", "con")}
+    nets = {"actor": params["actor"], **frozen}
 
     def step(carry: tuple[Array, ...], xs: tuple[Array, Array]) -> tuple[tuple, tuple]:
         deter, blocks, stoch = carry
         latent_noise, action_noise = xs
         feat = features(deter, stoch)
-        trunks = [_actor_trunk(config, actor)]
-        if heads is not None:
-            trunks += [
-                _critic_trunk(config, heads["slow"]),
-                _trunk(heads["rew"], "h", config.rew_layers),
-                _trunk(heads["con"], "h", config.con_layers),
-            ]
-        hidden = N.mlp_trunks(feat, trunks)
-        dist = actor_dist(config, *N.actor_out(actor, hidden[0]))
+        out = N.heads(config, nets, feat)
+        dist = actor_dist(config, *out["actor"])
         action = _sample_no_grad(config, dist, action_noise)
         outs = (None,) * 6
         if heads is not None:
-            slow = N.head_out(heads["slow"], hidden[1])
-            rew = N.head_out(heads["rew"], hidden[2])
-            con = N.head_out(heads["con"], hidden[3])[..., 0]
+            slow, rew, con = out["slow"], out["rew"], out["con"][..., 0]
             outs = (slow, rew, con, twohot_mean(slow, bins), twohot_mean(rew, bins), jax.nn.sigmoid(con))  # type: ignore[assignment]
-        deter, blocks = N.rssm_core_blocks(config, dyn, deter, blocks, stoch, action)
+        deter, blocks = N.rssm_step(config, dyn, prep, deter, blocks, stoch, action)
         logits = N.rssm_prior(config, dyn, deter)
         stoch = onehot_mode(logits + latent_noise)
         return (deter, blocks, stoch), (feat, action, logits, *outs)
@@ -482,20 +457,21 @@ def predict_rollout(
         (n, T) the reward head's mean (the reward of each step), "continue" (n, T) the continue
         head's probability, "value" (n,) the critic's mean at the last state, "deter" (n, T, D).
     """
-    dyn = N.rssm_prepare(config, params["dyn"])
+    dyn = params["dyn"]
+    prep = N.rssm_prepare(config, dyn)
     bins = head_bins(config)
-    trunks = state_head_trunks(config, params)
+    nets = state_heads(params)
 
     def step(carry: tuple[Array, Array, Array], action: Array) -> tuple[tuple, tuple]:
         deter, blocks, stoch = carry
-        deter, blocks = N.rssm_core_blocks(config, dyn, deter, blocks, stoch, action)
+        deter, blocks = N.rssm_step(config, dyn, prep, deter, blocks, stoch, action)
         stoch = onehot_mode(N.rssm_prior(config, dyn, deter))
-        dec_h, rew_h, con_h, critic_h = N.mlp_trunks(features(deter, stoch), trunks)
+        heads = N.heads(config, nets, features(deter, stoch))
         out = (
-            symexp(N.decode(config, params["dec"], dec_h)),
-            twohot_mean(N.head_out(params["rew"], rew_h), bins),
-            jax.nn.sigmoid(N.head_out(params["con"], con_h)[..., 0]),
-            twohot_mean(N.head_out(params["critic"], critic_h), bins),
+            symexp(heads["dec"]),
+            twohot_mean(heads["rew"], bins),
+            jax.nn.sigmoid(heads["con"][..., 0]),
+            twohot_mean(heads["critic"], bins),
             deter,
         )
         return (deter, blocks, stoch), out
@@ -616,11 +592,9 @@ def world_model_loss(
     )
     prior = N.rssm_prior(config, params["dyn"], deter)
     feat = features(deter, stoch)
-    dec_h, rew_h, con_h, critic_h = N.mlp_trunks(feat, state_head_trunks(config, params))
-    dec_out = N.decode(config, params["dec"], dec_h)
-    rew_logits = N.head_out(params["rew"], rew_h)
-    con_logits = N.head_out(params["con"], con_h)[..., 0]
-    replay_logits = N.head_out(params["critic"], critic_h)
+    heads = N.heads(config, state_heads(params), feat)
+    dec_out, rew_logits, replay_logits = heads["dec"], heads["rew"], heads["critic"]
+    con_logits = heads["con"][..., 0]
     dyn_kl = categorical_kl(sg(post), prior).sum(-1)
     rep_kl = categorical_kl(post, sg(prior)).sum(-1)
     losses = {
@@ -675,22 +649,12 @@ def imagination_loss(
         heads={"slow": frozen["slow"], "rew": frozen["rew"], "con": frozen["con"]},
     )
     img_feat, last_feat = sg(img.feat), sg(img.last)
-    actor_h, critic_h = N.mlp_trunks(
-        img_feat, [_actor_trunk(config, params["actor"]), _critic_trunk(config, params["critic"])]
-    )
-    dist = actor_dist(config, *N.actor_out(params["actor"], actor_h))  # steps 0..H-1
-    critic_logits = N.head_out(params["critic"], critic_h)  # steps 0..H-1
-    last_critic_h, last_rew_h, last_con_h = N.mlp_trunks(
-        last_feat,
-        [
-            _critic_trunk(config, frozen["critic"]),
-            _trunk(frozen["rew"], "h", config.rew_layers),
-            _trunk(frozen["con"], "h", config.con_layers),
-        ],
-    )
-    last_critic_logits = N.head_out(frozen["critic"], last_critic_h)
-    last_rew_logits = N.head_out(frozen["rew"], last_rew_h)
-    last_con_logits = N.head_out(frozen["con"], last_con_h)[..., 0]
+    steps = N.heads(config, {"actor": params["actor"], "critic": params["critic"]}, img_feat)
+    dist = actor_dist(config, *steps["actor"])  # steps 0..H-1
+    critic_logits = steps["critic"]  # steps 0..H-1
+    last = N.heads(config, {k: frozen[k] for k in ("critic", "rew", "con")}, last_feat)
+    last_critic_logits, last_rew_logits = last["critic"], last["rew"]
+    last_con_logits = last["con"][..., 0]
 
     # (N, H+1) sequences, index 0 = start: the start's reward and continue come from the replay.
     img_reward = jnp.concatenate(
@@ -932,6 +896,8 @@ train_many_jit = agent_jit(train_many)
 """Jitted :func:`train_many`; ``config`` is static."""
 predict_rollout_jit = agent_jit(predict_rollout)
 """Jitted :func:`predict_rollout`; ``config`` is static."""
+init_params_jit = agent_jit(init_params)
+"""Jitted :func:`~sb3_worldmodels.dreamerv3.networks.init_params`; ``config`` is static."""
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""DreamerV3 networks for flat vector observations (flax.linen), and their sampling helpers.
+"""DreamerV3 networks for flat vector observations, as flax.linen modules that are what runs.
 
 Module and parameter names mirror the reference state names (nets.py:16-813@2411f7d, agent.py:63-83@2411f7d),
 so a reference checkpoint maps onto these trees one to one:
@@ -11,24 +11,21 @@ so a reference checkpoint maps onto these trees one to one:
 - ``rew``/``con``/``critic`` (and the slow critic): ``h0..`` and ``out``.
 - ``actor``: ``h0..``, ``out`` and, for continuous actions, ``std``.
 
-Shape symbols: D deter, H hidden, S stoch latents, C classes, G blocks, U units, O observation width,
-A action width, F = D + S·C feature width, n bins. Everything is float32.
+The functions after the modules apply them to one agent's parameter trees (:func:`encode`,
+:func:`heads`, :func:`rssm_step`, ...). Two layouts make them fast without a second definition:
+:class:`Heads` runs several networks that read the same input with their first layers as one matmul,
+and :class:`RSSM` runs its block GRU block-first on arrays rearranged once per call
+(:meth:`RSSM.prepare`, the ``"prepared"`` collection), outside the scans that step it.
 
-The flax modules define the parameter trees (names, shapes, initialisers) and are the readable
-reference of each network. The training and acting code runs the pure functions of the second half
-of this file on the same trees instead (:func:`encode`, :func:`rssm_core`, :func:`mlp_trunks`, ...):
-they compute the same math, but let the agent share work between networks, e.g. one matmul for the
-first layers of all heads that read the same features, the block GRU in a block-first layout
-(batched matmuls without transposed operands) and loop-invariant kernel rearrangements hoisted
-out of the scans. ``tests/test_dreamerv3_core.py`` checks both paths agree.
+Shape symbols: D deter, H hidden, S stoch latents, C classes, G blocks, U units, O observation width,
+A action width, F = D + S·C feature width, n bins, M rows. Everything is float32.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -37,14 +34,14 @@ import numpy as np
 
 from sb3_worldmodels.blocks.distributions import normal_head, onehot_mode, unimix_logits
 from sb3_worldmodels.blocks.layers import (
-    RMS_EPS,
-    TRUNC_NORMAL_STD_CORRECTION,
+    PREPARED,
     BlockLinear,
     Dense,
     NormedDense,
     block_matmul,
     block_matmul_pretransposed,
     matmul_pretransposed,
+    rms_norm,
 )
 from sb3_worldmodels.blocks.math import symlog
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config
@@ -52,32 +49,28 @@ from sb3_worldmodels.dreamerv3.config import DreamerV3Config
 Array = jax.Array
 
 __all__ = [
+    "MODULES",
     "OUTSCALES",
     "RSSM",
     "Actor",
     "Decoder",
     "Encoder",
     "Head",
+    "Heads",
     "Networks",
     "actor_dist",
     "actor_mode",
-    "actor_out",
     "actor_sample",
-    "decode",
-    "dense",
     "encode",
     "features",
-    "head_out",
+    "heads",
+    "init_params",
     "make_networks",
-    "mlp_trunks",
-    "normed_dense",
-    "rms_norm",
-    "rssm_core",
-    "rssm_core_blocks",
-    "rssm_logits",
+    "rssm_action_input",
     "rssm_posterior",
     "rssm_prepare",
     "rssm_prior",
+    "rssm_step",
     "sample_onehot",
     "to_blocks",
 ]
@@ -94,15 +87,23 @@ OUTSCALES: dict[tuple[str, str], float] = {
     ("actor", "std"): 0.01,
     ("critic", "out"): 0.0,
 }
-"""Init scale of the output layers (module, layer) (nets.py:816-884@2411f7d); see :func:`outscale`."""
+"""Init scale of the output layers (module, layer) (nets.py:816-884@2411f7d); other kernels 1.0."""
+
+MODULES = ("enc", "dyn", "dec", "rew", "con", "actor", "critic")
+"""The optimised modules, in the reference's order (agent.py:101-103@2411f7d)."""
 
 
-def outscale(module: str, layer: str) -> float:
-    """The init scale of a kernel: :data:`OUTSCALES`, :data:`DECODER_OUTSCALE` for the decoder's
-    ``out_<key>`` layers, else 1.0."""
-    if module == "dec" and layer.startswith("out_"):
-        return DECODER_OUTSCALE
-    return OUTSCALES.get((module, layer), 1.0)
+# ------------------------------------------------------------------------------------------------
+# Modules
+# ------------------------------------------------------------------------------------------------
+
+
+def _hidden_layers(units: int, layers: int, prefix: str, x: Array, first: Array | None) -> Array:
+    """``layers`` × NormedDense(units) named ``f"{prefix}{i}"``, inside a compact method; ``first``:
+    the first layer's preactivation when computed by the caller (:class:`Heads`)."""
+    for i in range(layers):
+        x = NormedDense(units, name=f"{prefix}{i}")(x, first if i == 0 else None)
+    return x
 
 
 class Encoder(nn.Module):
@@ -114,10 +115,7 @@ class Encoder(nn.Module):
 
     @nn.compact
     def __call__(self, obs: Array) -> Array:
-        x = symlog(jnp.asarray(obs, jnp.float32))
-        for i in range(self.layers):
-            x = NormedDense(self.units, name=f"mlp{i}")(x)
-        return x
+        return _hidden_layers(self.units, self.layers, "mlp", symlog(jnp.asarray(obs, jnp.float32)), None)
 
 
 class Decoder(nn.Module):
@@ -132,14 +130,13 @@ class Decoder(nn.Module):
     outputs: tuple[tuple[str, int], ...]
     """(key, width) of each observation key, in the flat observation's order."""
     layers: int = 3
+    prefix: ClassVar[str] = "mlp"
 
     @nn.compact
-    def __call__(self, feat: Array) -> Array:
-        x = feat
-        for i in range(self.layers):
-            x = NormedDense(self.units, name=f"mlp{i}")(x)
+    def __call__(self, feat: Array, first: Array | None = None) -> Array:
+        x = _hidden_layers(self.units, self.layers, self.prefix, feat, first)
         outs = [Dense(w, outscale=DECODER_OUTSCALE, name=f"out_{k}")(x) for k, w in self.outputs]
-        return jnp.concatenate(outs, -1)
+        return outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
 
 
 class Head(nn.Module):
@@ -154,12 +151,11 @@ class Head(nn.Module):
     layers: int
     outputs: int
     outscale: float
+    prefix: ClassVar[str] = "h"
 
     @nn.compact
-    def __call__(self, feat: Array) -> Array:
-        x = feat
-        for i in range(self.layers):
-            x = NormedDense(self.units, name=f"h{i}")(x)
+    def __call__(self, feat: Array, first: Array | None = None) -> Array:
+        x = _hidden_layers(self.units, self.layers, self.prefix, feat, first)
         return Dense(self.outputs, outscale=self.outscale, name="out")(x)
 
 
@@ -167,19 +163,19 @@ class Actor(nn.Module):
     """``layers`` hidden layers ``h{i}`` → ``out`` Linear(A) [+ ``std`` Linear(A)], outscale 0.01
     (agent.py:63-70@2411f7d).
 
-    Returns ``(out, std_pre)``, each (..., A); ``std_pre`` is None for discrete actions.
+    Returns ``(out, std_pre)``, each (..., A); ``std_pre`` is None for discrete actions (see
+    :func:`actor_dist`).
     """
 
     units: int
     layers: int
     action_dim: int
     discrete: bool
+    prefix: ClassVar[str] = "h"
 
     @nn.compact
-    def __call__(self, feat: Array) -> tuple[Array, Array | None]:
-        x = feat
-        for i in range(self.layers):
-            x = NormedDense(self.units, name=f"h{i}")(x)
+    def __call__(self, feat: Array, first: Array | None = None) -> tuple[Array, Array | None]:
+        x = _hidden_layers(self.units, self.layers, self.prefix, feat, first)
         out = Dense(self.action_dim, outscale=OUTSCALES["actor", "out"], name="out")(x)
         std = None
         if not self.discrete:
@@ -187,12 +183,67 @@ class Actor(nn.Module):
         return out, std
 
 
+HEAD_KINDS = {"slow": "critic"}
+"""The network kind of a parameter-tree name that is not a kind itself (the slow critic)."""
+
+
+def _network(config: DreamerV3Config, kind: str, name: str | None = None) -> nn.Module:
+    """The module of one network kind (enc, dec, rew, con, critic, actor) of ``config``."""
+    u = config.units
+    if kind == "enc":
+        return Encoder(u, config.enc_layers, name=name)
+    if kind == "dec":
+        return Decoder(u, config.decoder_outputs, config.dec_layers, name=name)
+    if kind == "actor":
+        return Actor(u, config.actor_layers, config.action_dim, config.discrete, name=name)
+    layers = {"rew": config.rew_layers, "con": config.con_layers, "critic": config.critic_layers}[kind]
+    outputs = 1 if kind == "con" else config.bins
+    return Head(u, layers, outputs, outscale=OUTSCALES[kind, "out"], name=name)
+
+
+class Heads(nn.Module):
+    """Networks that read the same input, run together: ``nets`` = (parameter-tree name, kind) pairs.
+
+    The first layers of all of them run as one matmul of the input with their concatenated kernels
+    (the input is read once; per column it is the same dot product as each layer on its own), then
+    each network continues on its slice. (..., F) → one output per network, in ``nets`` order.
+    """
+
+    config: DreamerV3Config
+    nets: tuple[tuple[str, str], ...]
+
+    @nn.compact
+    def __call__(self, x: Array) -> tuple[Any, ...]:
+        modules = [_network(self.config, kind, name) for name, kind in self.nets]
+        firsts = self._first_layers(x, modules)
+        return tuple(m(x, first) for m, first in zip(modules, firsts, strict=True))
+
+    def _first_layers(self, x: Array, modules: list[nn.Module]) -> list[Array | None]:
+        """The first layers' preactivations (None where a network runs its own)."""
+        deep = [m for m in modules if m.layers > 0]
+        if len(deep) < 2 or self.is_initializing():
+            return [None] * len(modules)
+        params = self.variables["params"]
+        first = [params[str(m.name)][f"{m.prefix}0"] for m in deep]
+        kernel = jnp.concatenate([q["kernel"] for q in first], -1)
+        bias = jnp.concatenate([q["bias"] for q in first], -1)
+        split = np.cumsum([q["bias"].shape[-1] for q in first])[:-1]
+        outs = iter(jnp.split(x @ kernel + bias, split, axis=-1))
+        return [next(outs) if m.layers > 0 else None for m in modules]
+
+
 class RSSM(nn.Module):
     """Recurrent state-space model with a block GRU core (nets.py:16-220@2411f7d).
 
-    Methods (apply with ``method=``): :meth:`core` (block GRU step), :meth:`prior` and
-    :meth:`posterior` (unimixed categorical log-probabilities). ``__call__`` touches every layer
-    and is used for initialisation.
+    Methods (apply with ``method=``): :meth:`prepare`, :meth:`action_input`, :meth:`core` (block GRU
+    step), :meth:`prior` and :meth:`posterior` (unimixed categorical log-probabilities).
+    ``__call__`` creates every parameter and is used for initialisation.
+
+    The block GRU runs block-first: its state is carried as (M, D) and as (G, M, D/G) blocks
+    (:func:`to_blocks`), its block kernels as batched matmuls over G. :meth:`prepare` rearranges
+    ``dyn0``'s block kernel (G, D/G + 3H, D/G), which acts on [h_g, u] per block: its h rows stay a
+    block kernel (G, D/G, D/G); its u rows, shared by all blocks, become one dense (3H, D) kernel whose
+    output is already block-major, so u is never repeated G times.
     """
 
     deter: int
@@ -215,23 +266,74 @@ class RSSM(nn.Module):
         self.obs = [NormedDense(self.hidden, name=f"obs{i}") for i in range(self.obs_layers)]
         self.obslogit = Dense(self.stoch * self.classes)
 
-    def core(self, deter: Array, stoch: Array, action: Array) -> Array:
-        """Block GRU step (nets.py:119-173@2411f7d): h (..., D), z (..., S, C), a (..., A) → h' (..., D)."""
-        g = self.blocks
-        stoch = stoch.reshape(*stoch.shape[:-2], self.stoch * self.classes)
+    def prepare(self, for_gradient: bool = False) -> dict:
+        """The ``"prepared"`` collection: the block kernels rearranged for :meth:`core` and, when
+        ``for_gradient``, transposed copies of the kernels used inside a differentiated recurrence
+        (see :func:`~sb3_worldmodels.blocks.layers.matmul_pretransposed`)."""
+        p = self.variables["params"]
+        g, dg = self.blocks, self.deter // self.blocks
+        k0 = p["dyn0"]["kernel"]
+        dyn0 = {
+            "h": k0[:, :dg, :],
+            "u": jnp.transpose(k0[:, dg:, :], (1, 0, 2)).reshape(-1, self.deter),
+            "bias": p["dyn0"]["bias"].reshape(g, 1, dg),
+            "scale": p["dyn0"]["norm"]["scale"].reshape(g, 1, dg),
+        }
+        out: dict[str, dict] = {"dyn0": dyn0, "dyncore": {"bias": p["dyncore"]["bias"].reshape(g, 1, 3 * dg)}}
+        if for_gradient:
+            recurrent = ("dynin0", "dynin1", *(f"obs{i}" for i in range(self.obs_layers)), "obslogit")
+            out.update({k: {"kernel_t": v["kernel"].T} for k, v in p.items() if k in recurrent})
+            dyn0["h_t"] = jnp.swapaxes(dyn0["h"], 1, 2)
+            dyn0["u_t"] = dyn0["u"].T
+            out["dyncore"]["kernel_t"] = jnp.swapaxes(p["dyncore"]["kernel"], 1, 2)
+        return out
+
+    def action_input(self, action: Array) -> Array:
+        """The GRU's action projection (..., A) → (..., H): the action scaled to at most 1 in absolute
+        value (nets.py:130-131@2411f7d), then ``dynin2``. It does not depend on the recurrent state."""
         action = action / jax.lax.stop_gradient(jnp.maximum(1.0, jnp.abs(action)))
-        u = jnp.concatenate([self.dynin0(deter), self.dynin1(stoch), self.dynin2(action)], -1)
-        u = jnp.broadcast_to(u[..., None, :], (*u.shape[:-1], g, u.shape[-1]))
-        x = jnp.concatenate([deter.reshape(*deter.shape[:-1], g, self.deter // g), u], -1)
-        x = self.dyn0(x.reshape(*x.shape[:-2], -1))
-        x = self.dyncore(x)
-        # Per block: (reset, cand, update) chunks of D/G, each re-flattened block-major to D.
-        x = x.reshape(*x.shape[:-1], g, 3, self.deter // g)
-        reset, cand, update = (x[..., i, :].reshape(*x.shape[:-3], self.deter) for i in range(3))
-        reset = jax.nn.sigmoid(reset)
-        cand = jnp.tanh(reset * cand)
-        update = jax.nn.sigmoid(update - 1.0)
-        return update * cand + (1.0 - update) * deter
+        return self.dynin2(action)
+
+    def core(
+        self,
+        deter: Array,
+        blocks: Array,
+        stoch: Array,
+        action: Array | None = None,
+        action_input: Array | None = None,
+    ) -> tuple[Array, Array]:
+        """Block GRU step (nets.py:119-173@2411f7d): deter (M, D) with its blocks (G, M, D/G), stoch
+        (M, S, C) or (M, S·C) and the action (M, A) (or its :meth:`action_input`) → the new state as
+        (deter (M, D), blocks (G, M, D/G)).
+
+        Carrying both layouts through a scan saves one transpose per step and keeps XLA from fusing
+        the gate math into the transpose back to (M, D) (a strided loop several times slower on CPU).
+        """
+        g, dg = self.blocks, self.deter // self.blocks
+        prep = self.variables[PREPARED] if self.has_variable(PREPARED, "dyn0") else self.prepare()
+        dyn0, dyncore = prep["dyn0"], prep["dyncore"]
+        m = deter.shape[0]
+        stoch = stoch.reshape(m, -1)
+        if action_input is None:
+            action_input = self.action_input(action)  # type: ignore[arg-type]
+        u = jnp.concatenate([self.dynin0(deter), self.dynin1(stoch), action_input], -1)
+        if "u_t" in dyn0:
+            x = block_matmul_pretransposed(blocks, dyn0["h"], dyn0["h_t"])
+            x += _to_blocks(g, matmul_pretransposed(u, dyn0["u"], dyn0["u_t"]))
+        else:
+            x = block_matmul(blocks, dyn0["h"]) + _to_blocks(g, u @ dyn0["u"])
+        x = jax.nn.silu(rms_norm(x + dyn0["bias"], dyn0["scale"], axis=(0, 2)))
+        kernel = self.variables["params"]["dyncore"]["kernel"]
+        if "kernel_t" in dyncore:
+            x = block_matmul_pretransposed(x, kernel, dyncore["kernel_t"]) + dyncore["bias"]
+        else:
+            x = block_matmul(x, kernel) + dyncore["bias"]
+        # Per block: (reset, cand, update) chunks of D/G.
+        reset = jax.nn.sigmoid(x[..., :dg])
+        cand = jnp.tanh(reset * x[..., dg : 2 * dg])
+        update = jax.nn.sigmoid(x[..., 2 * dg :] - 1.0)
+        new = update * cand + (1.0 - update) * blocks
+        return jnp.swapaxes(new, 0, 1).reshape(m, g * dg), new
 
     def prior(self, deter: Array) -> Array:
         """(..., D) → unimixed prior log-probabilities (..., S, C) (nets.py:112-117@2411f7d)."""
@@ -249,13 +351,23 @@ class RSSM(nn.Module):
         return self._logits(self.obslogit(x))
 
     def _logits(self, x: Array) -> Array:
+        """Logit layer output (..., S·C) → unimixed log-probabilities (..., S, C)
+        (nets.py:207-220@2411f7d)."""
         x = x.reshape(*x.shape[:-1], self.stoch, self.classes)
         return unimix_logits(x, self.unimix)
 
     def __call__(self, deter: Array, stoch: Array, action: Array, embed: Array) -> tuple[Array, Array, Array]:
-        """Initialisation entry: returns (h', posterior logits, prior logits)."""
-        deter = self.core(deter, stoch, action)
+        """Initialisation entry: creates every parameter; returns (h', posterior, prior)."""
+        if self.is_initializing():  # the block layers' parameters, read by core() in its own layout
+            dg = self.deter // self.blocks
+            self.dyn0(jnp.zeros((1, self.blocks * (dg + 3 * self.hidden)), jnp.float32))
+            self.dyncore(jnp.zeros((1, self.deter), jnp.float32))
+        deter, _ = self.core(deter, _to_blocks(self.blocks, deter), stoch, action)
         return deter, self.posterior(deter, embed), self.prior(deter)
+
+
+def _to_blocks(blocks: int, deter: Array) -> Array:
+    return jnp.swapaxes(deter.reshape(deter.shape[0], blocks, -1), 0, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,9 +386,7 @@ class Networks:
 @functools.cache
 def make_networks(config: DreamerV3Config) -> Networks:
     """Build (and cache per config) the flax modules of an agent."""
-    u = config.units
     return Networks(
-        enc=Encoder(u, config.enc_layers),
         dyn=RSSM(
             deter=config.deter,
             hidden=config.hidden,
@@ -287,12 +397,13 @@ def make_networks(config: DreamerV3Config) -> Networks:
             obs_layers=config.obs_layers,
             unimix=config.unimix,
         ),
-        dec=Decoder(u, config.decoder_outputs, config.dec_layers),
-        rew=Head(u, config.rew_layers, config.bins, outscale=OUTSCALES["rew", "out"]),
-        con=Head(u, config.con_layers, 1, outscale=OUTSCALES["con", "out"]),
-        actor=Actor(u, config.actor_layers, config.action_dim, config.discrete),
-        critic=Head(u, config.critic_layers, config.bins, outscale=OUTSCALES["critic", "out"]),
+        **{kind: _network(config, kind) for kind in ("enc", "dec", "rew", "con", "actor", "critic")},  # type: ignore[arg-type]
     )
+
+
+@functools.cache
+def _heads_module(config: DreamerV3Config, nets: tuple[tuple[str, str], ...]) -> Heads:
+    return Heads(config, nets)
 
 
 def features(deter: Array, stoch: Array) -> Array:
@@ -352,204 +463,93 @@ def actor_mode(config: DreamerV3Config, dist: tuple[Array, Array | None]) -> Arr
 
 
 # ------------------------------------------------------------------------------------------------
-# Pure forward functions on the parameter trees (what the agent runs)
+# Applying the modules to an agent's parameter trees
 # ------------------------------------------------------------------------------------------------
 
 
-def dense(p: dict, x: Array) -> Array:
-    """x @ kernel + bias, as :class:`~sb3_worldmodels.blocks.layers.Dense` (with a "kernel_t", the
-    transposed kernel of :func:`with_transposed_kernels`, its gradient runs on that copy)."""
-    if "kernel_t" in p:
-        return matmul_pretransposed(x, p["kernel"], p["kernel_t"]) + p["bias"]
-    return x @ p["kernel"] + p["bias"]
-
-
-def with_transposed_kernels(p: dict, names: Sequence[str]) -> dict:
-    """``p`` with a "kernel_t" (the transposed kernel) added to the layers ``names``: for layers run
-    with gradient inside a recurrence (see :func:`~sb3_worldmodels.blocks.layers.matmul_pretransposed`)."""
-    return {k: ({**v, "kernel_t": v["kernel"].T} if k in names else v) for k, v in p.items()}
-
-
-def rms_norm(scale: Array, x: Array, axis: int | tuple[int, ...] = -1) -> Array:
-    """x · rsqrt(mean(x², axis) + eps) · scale, as :class:`~sb3_worldmodels.blocks.layers.RMSNorm`."""
-    ms = jnp.mean(jnp.square(x), axis=axis, keepdims=True)
-    return x * jax.lax.rsqrt(ms + RMS_EPS) * scale
-
-
-def _norm_act(p: dict, x: Array) -> Array:
-    return jax.nn.silu(rms_norm(p["norm"]["scale"], x))
-
-
-def normed_dense(p: dict, x: Array) -> Array:
-    """Hidden layer (Linear + RMSNorm + SiLU), as :class:`~sb3_worldmodels.blocks.layers.NormedDense`."""
-    return _norm_act(p, dense(p, x))
-
-
-def _mlp_rest(p: dict, x: Array, prefix: str, start: int, layers: int) -> Array:
-    for i in range(start, layers):
-        x = normed_dense(p[f"{prefix}{i}"], x)
-    return x
-
-
-def mlp_trunks(x: Array, trunks: Sequence[tuple[dict, str, int]]) -> list[Array]:
-    """The hidden layers of several MLPs that read the same input ``x``.
-
-    Each trunk is (params, layer prefix, number of layers); its output is the last hidden layer (or
-    ``x`` itself for zero layers). The first layers of all trunks run as one matmul of ``x`` with the
-    concatenated kernels, which reads ``x`` once; per column this is the same dot product as running
-    each layer on its own. (..., I) → [(..., U_i)].
-    """
-    first = [p[f"{prefix}0"] for p, prefix, layers in trunks if layers > 0]
-    if len(first) > 1:
-        kernel = jnp.concatenate([q["kernel"] for q in first], -1)
-        bias = jnp.concatenate([q["bias"] for q in first], -1)
-        split = np.cumsum([q["bias"].shape[-1] for q in first])[:-1]
-        outs = iter(jnp.split(x @ kernel + bias, split, axis=-1))
-    else:
-        outs = iter([dense(q, x) for q in first])
-    result = []
-    for p, prefix, layers in trunks:
-        if layers == 0:
-            result.append(x)
-            continue
-        h = _norm_act(p[f"{prefix}0"], next(outs))
-        result.append(_mlp_rest(p, h, prefix, 1, layers))
-    return result
-
-
-def encode(config: DreamerV3Config, p: dict, obs: Array) -> Array:
+def encode(config: DreamerV3Config, params: dict, obs: Array) -> Array:
     """:class:`Encoder`: (..., O) raw observations → (..., U) embedding."""
-    x = symlog(jnp.asarray(obs, jnp.float32))
-    return _mlp_rest(p, x, "mlp", 0, config.enc_layers)
-
-
-def decode(config: DreamerV3Config, p: dict, hidden: Array) -> Array:
-    """:class:`Decoder` output layers on its last hidden layer (see :func:`mlp_trunks`): (..., O)."""
-    outs = [dense(p[f"out_{key}"], hidden) for key, _ in config.decoder_outputs]
-    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
-
-
-def head_out(p: dict, hidden: Array) -> Array:
-    """:class:`Head` output layer (reward, continue, critic) on its last hidden layer."""
-    return dense(p["out"], hidden)
-
-
-def actor_out(p: dict, hidden: Array) -> tuple[Array, Array | None]:
-    """:class:`Actor` outputs ``(out, std_pre)`` on its last hidden layer (std_pre None if discrete)."""
-    return dense(p["out"], hidden), (dense(p["std"], hidden) if "std" in p else None)
-
-
-def rssm_prepare(config: DreamerV3Config, p: dict, for_gradient: bool = False) -> dict:
-    """Rearranged RSSM parameters for :func:`rssm_core` (computed once, outside the scans).
-
-    dyn0's block kernel (G, D/G + 3H, D/G) acts on [h_g, u] per block. Its h rows stay a block
-    kernel (G, D/G, D/G); its u rows, shared by all blocks, become one dense (3H, D) kernel whose
-    output is already block-major, so u is never repeated G times.
-    """
-    g, dg = config.blocks, config.deter // config.blocks
-    k0 = p["dyn0"]["kernel"]
-    out = {
-        **p,
-        "dyn0_h": k0[:, :dg, :],
-        "dyn0_u": jnp.transpose(k0[:, dg:, :], (1, 0, 2)).reshape(-1, config.deter),
-        "dyn0_bias": p["dyn0"]["bias"].reshape(g, 1, dg),
-        "dyn0_scale": p["dyn0"]["norm"]["scale"].reshape(g, 1, dg),
-        "core_bias": p["dyncore"]["bias"].reshape(g, 1, 3 * dg),
-    }
-    if for_gradient:  # transposed copies for the reverse pass (see matmul_pretransposed)
-        recurrent = ("dynin0", "dynin1", *(f"obs{i}" for i in range(config.obs_layers)), "obslogit")
-        out = with_transposed_kernels(out, recurrent)
-        out["dyn0_h_t"] = jnp.swapaxes(out["dyn0_h"], 1, 2)
-        out["dyn0_u_t"] = out["dyn0_u"].T
-        out["dyncore_t"] = jnp.swapaxes(p["dyncore"]["kernel"], 1, 2)
+    out: Array = make_networks(config).enc.apply({"params": params}, obs)  # type: ignore[assignment]
     return out
 
 
-def rssm_core(
-    config: DreamerV3Config, p: dict, deter: Array, stoch: Array, action: Array, dynin2: Array | None = None
-) -> Array:
-    """:meth:`RSSM.core` on prepared parameters (:func:`rssm_prepare`): block GRU step
-    (nets.py:119-173@2411f7d).
-
-    deter (M, D), stoch (M, S, C) or (M, S·C), action (M, A) → (M, D); ``dynin2`` optionally gives
-    the action projection precomputed (it does not depend on the recurrent state).
-    """
-    return rssm_core_blocks(config, p, deter, to_blocks(config, deter), stoch, action, dynin2)[0]
+def heads(config: DreamerV3Config, params: dict[str, dict], x: Array) -> dict[str, Any]:
+    """The networks named in ``params`` (dec, rew, con, critic, actor, or slow: a critic) on the same
+    input x (..., F), their first layers in one matmul (:class:`Heads`); their outputs by name (the
+    decoder's (..., O), a head's (..., outputs), the actor's ``(out, std_pre)``)."""
+    nets = tuple((name, HEAD_KINDS.get(name, name)) for name in params)
+    outs = _heads_module(config, nets).apply({"params": params}, x)
+    return dict(zip(params, outs, strict=True))
 
 
-def to_blocks(config: DreamerV3Config, deter: Array) -> Array:
-    """(M, D) → (G, M, D/G): the block-first view of a deter state used by :func:`rssm_core_blocks`."""
-    return jnp.swapaxes(deter.reshape(deter.shape[0], config.blocks, -1), 0, 1)
+def _rssm(config: DreamerV3Config, params: dict, prepared: dict | None, method: str, *args: Any) -> Any:
+    variables = {"params": params} if prepared is None else {"params": params, PREPARED: prepared}
+    rssm = make_networks(config).dyn
+    return rssm.apply(variables, *args, method=getattr(RSSM, method))
 
 
-def rssm_core_blocks(
+def rssm_prepare(config: DreamerV3Config, params: dict, for_gradient: bool = False) -> dict:
+    """:meth:`RSSM.prepare`: the ``prepared`` arrays of the other ``rssm_*`` functions, computed once
+    outside the loops that step the RSSM."""
+    out: dict = _rssm(config, params, None, "prepare", for_gradient)
+    return out
+
+
+def rssm_action_input(config: DreamerV3Config, params: dict, action: Array) -> Array:
+    """:meth:`RSSM.action_input`: (..., A) → (..., H), to compute for all steps before a scan."""
+    out: Array = _rssm(config, params, None, "action_input", action)
+    return out
+
+
+def rssm_step(
     config: DreamerV3Config,
-    p: dict,
+    params: dict,
+    prepared: dict,
     deter: Array,
     blocks: Array,
     stoch: Array,
-    action: Array,
-    dynin2: Array | None = None,
+    action: Array | None = None,
+    action_input: Array | None = None,
 ) -> tuple[Array, Array]:
-    """:func:`rssm_core` for a recurrence that carries the state in both layouts.
-
-    ``blocks`` is ``to_blocks(config, deter)``; returns the new state as (deter (M, D), blocks
-    (G, M, D/G)). The GRU runs block-first (batched matmuls over G, RMSNorm over all D features).
-    Carrying both layouts through a scan saves one transpose per step and keeps XLA from fusing the
-    gate math into the transpose back to (M, D) (a strided loop several times slower on CPU).
-    """
-    g, dg = config.blocks, config.deter // config.blocks
-    m = deter.shape[0]
-    stoch = stoch.reshape(m, -1)
-    if dynin2 is None:
-        action = action / jax.lax.stop_gradient(jnp.maximum(1.0, jnp.abs(action)))
-        dynin2 = normed_dense(p["dynin2"], action)
-    u = jnp.concatenate([normed_dense(p["dynin0"], deter), normed_dense(p["dynin1"], stoch), dynin2], -1)
-    if "dyn0_u_t" in p:  # prepared for gradient
-        x = block_matmul_pretransposed(blocks, p["dyn0_h"], p["dyn0_h_t"])
-        x += to_blocks(config, matmul_pretransposed(u, p["dyn0_u"], p["dyn0_u_t"]))
-    else:
-        x = block_matmul(blocks, p["dyn0_h"]) + to_blocks(config, u @ p["dyn0_u"])
-    x = jax.nn.silu(rms_norm(p["dyn0_scale"], x + p["dyn0_bias"], axis=(0, 2)))
-    if "dyncore_t" in p:
-        x = block_matmul_pretransposed(x, p["dyncore"]["kernel"], p["dyncore_t"]) + p["core_bias"]
-    else:
-        x = block_matmul(x, p["dyncore"]["kernel"]) + p["core_bias"]
-    reset = jax.nn.sigmoid(x[..., :dg])
-    cand = jnp.tanh(reset * x[..., dg : 2 * dg])
-    update = jax.nn.sigmoid(x[..., 2 * dg :] - 1.0)
-    new = update * cand + (1.0 - update) * blocks
-    return jnp.swapaxes(new, 0, 1).reshape(m, g * dg), new
+    """:meth:`RSSM.core`: (deter (M, D), blocks (G, M, D/G)) after one GRU step."""
+    args = (deter, blocks, stoch, action, action_input)
+    out: tuple[Array, Array] = _rssm(config, params, prepared, "core", *args)
+    return out
 
 
-def rssm_logits(config: DreamerV3Config, x: Array) -> Array:
-    """Logit layer output (..., S·C) → unimixed log-probabilities (..., S, C) (nets.py:207-220@2411f7d)."""
-    x = x.reshape(*x.shape[:-1], config.stoch, config.classes)
-    return unimix_logits(x, config.unimix)
-
-
-def rssm_prior(config: DreamerV3Config, p: dict, deter: Array) -> Array:
+def rssm_prior(config: DreamerV3Config, params: dict, deter: Array) -> Array:
     """:meth:`RSSM.prior`: (..., D) → (..., S, C)."""
-    x = _mlp_rest(p, deter, "img", 0, config.img_layers)
-    return rssm_logits(config, dense(p["imglogit"], x))
+    out: Array = _rssm(config, params, None, "prior", deter)
+    return out
 
 
-def rssm_posterior(config: DreamerV3Config, p: dict, deter: Array, embed: Array) -> Array:
-    """:meth:`RSSM.posterior`: h' (..., D), embed (..., U) → (..., S, C)."""
-    x = _mlp_rest(p, jnp.concatenate([deter, embed], -1), "obs", 0, config.obs_layers)
-    return rssm_logits(config, dense(p["obslogit"], x))
+def rssm_posterior(
+    config: DreamerV3Config, params: dict, deter: Array, embed: Array, prepared: dict | None = None
+) -> Array:
+    """:meth:`RSSM.posterior`: h' (..., D), embed (..., U) → (..., S, C); with ``prepared`` for
+    gradient, its kernels' transposed copies serve the reverse pass."""
+    out: Array = _rssm(config, params, prepared, "posterior", deter, embed)
+    return out
+
+
+def to_blocks(config: DreamerV3Config, deter: Array) -> Array:
+    """(M, D) → (G, M, D/G): the block-first view of a deter state carried beside it by :func:`rssm_step`."""
+    return _to_blocks(config.blocks, deter)
 
 
 # ------------------------------------------------------------------------------------------------
 # Initialisation
 # ------------------------------------------------------------------------------------------------
 
-MODULES = ("enc", "dyn", "dec", "rew", "con", "actor", "critic")
-"""The optimised modules, in the reference's order (agent.py:101-103)."""
 
+def init_params(config: DreamerV3Config, key: Array) -> tuple[dict, dict]:
+    """Fresh parameters from the modules' initialisers (nets.py:816-884@2411f7d): (params of
+    :data:`MODULES`, an independently initialised slow critic).
 
-def _flax_init(config: DreamerV3Config, key: Array) -> tuple[dict, dict]:
-    """The modules' own flax ``init``; :func:`init_params` uses its tree structure and shapes."""
+    Every kernel N(0, 1) truncated to [−2, 2] times 1.1368·outscale/sqrt(fan-in) (fan-in: all kernel
+    axes but the last; outscale from :data:`OUTSCALES`, 0.1 for the decoder's outputs, else 1),
+    biases 0 and norm scales 1. Traceable (jit it: run op by op, every operation compiles apart).
+    """
     nets = make_networks(config)
     keys = dict(zip((*MODULES, "slow_critic"), jax.random.split(key, len(MODULES) + 1), strict=True))
     n = 1
@@ -559,69 +559,7 @@ def _flax_init(config: DreamerV3Config, key: Array) -> tuple[dict, dict]:
     obs = jnp.zeros((n, config.obs_dim), jnp.float32)
     feat = jnp.zeros((n, config.feat_dim), jnp.float32)
     embed = jnp.zeros((n, config.units), jnp.float32)
-    params = {
-        "enc": nets.enc.init(keys["enc"], obs)["params"],
-        "dyn": nets.dyn.init(keys["dyn"], deter, stoch, action, embed)["params"],
-        "dec": nets.dec.init(keys["dec"], feat)["params"],
-        "rew": nets.rew.init(keys["rew"], feat)["params"],
-        "con": nets.con.init(keys["con"], feat)["params"],
-        "actor": nets.actor.init(keys["actor"], feat)["params"],
-        "critic": nets.critic.init(keys["critic"], feat)["params"],
-    }
+    inputs = {"enc": (obs,), "dyn": (deter, stoch, action, embed)}
+    params = {m: getattr(nets, m).init(keys[m], *inputs.get(m, (feat,)))["params"] for m in MODULES}
     slow_critic = nets.critic.init(keys["slow_critic"], feat)["params"]
     return params, slow_critic
-
-
-@functools.cache
-def _param_layout(config: DreamerV3Config) -> tuple[Any, list[tuple[tuple[int, ...], float, float]], int]:
-    """(tree structure, per leaf (shape, kernel std or 0, fill value), number of drawn values)."""
-    shapes = jax.eval_shape(lambda k: _flax_init(config, k), jax.ShapeDtypeStruct((2,), jnp.uint32))
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-    specs = []
-    for path, leaf in leaves:
-        tree, *names = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
-        std = 0.0
-        if names[-1] == "kernel":
-            module = names[0] if tree == 0 else "critic"  # tree 1 is the slow critic
-            scale = outscale(module, names[-2])  # type: ignore[arg-type]
-            std = TRUNC_NORMAL_STD_CORRECTION * scale / float(np.sqrt(np.prod(leaf.shape[:-1])))
-        specs.append((tuple(leaf.shape), std, 1.0 if names[-1] == "scale" else 0.0))
-    total = sum(int(np.prod(shape)) for shape, std, _ in specs if std)
-    return treedef, specs, total
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _kernel_draw(key: Array, total: int) -> Array:
-    return jax.random.truncated_normal(key, -2.0, 2.0, (total,), jnp.float32)
-
-
-def _assemble_params(config: DreamerV3Config, key: Array, xp: Any) -> tuple[dict, dict]:
-    treedef, specs, total = _param_layout(config)
-    flat = _kernel_draw(key, total)
-    if xp is np:
-        flat = np.asarray(flat)
-    values, offset = [], 0
-    for shape, std, fill in specs:
-        if not std:  # biases, norm scales and zero-scaled kernels
-            values.append(xp.full(shape, fill, np.float32))
-            continue
-        size = int(np.prod(shape))
-        values.append(flat[offset : offset + size].reshape(shape) * np.float32(std))
-        offset += size
-    return jax.tree_util.tree_unflatten(treedef, values)
-
-
-def init_params(config: DreamerV3Config, key: Array, on_host: bool = False) -> tuple[dict, dict]:
-    """Fresh parameters (nets.py:816-884@2411f7d): (params of :data:`MODULES`, an independently initialised
-    slow critic).
-
-    The trees are those of the flax modules (:func:`~sb3_worldmodels.dreamerv3.networks.make_networks`)
-    and the values follow their initialisers' distributions: every kernel N(0, 1) truncated to
-    [−2, 2] times 1.1368·outscale/sqrt(fan-in) (fan-in: all kernel axes but the last; outscale from
-    :data:`~sb3_worldmodels.dreamerv3.networks.OUTSCALES`, else 1), biases 0 and norm scales 1. All
-    kernels are cut from one draw of ``key``: one small computation to compile instead of one per
-    layer (running flax's init op by op compiles every operation separately and takes seconds).
-    Traceable (e.g. under ``jax.eval_shape``); ``on_host`` gives numpy arrays, assembled around one
-    jitted draw.
-    """
-    return _assemble_params(config, key, np if on_host else jnp)
