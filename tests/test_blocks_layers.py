@@ -87,6 +87,29 @@ def test_trunc_normal_zero_outscale_gives_exact_zeros() -> None:
     assert not np.any(np.signbit(np.asarray(zeros)))
 
 
+def test_init_from_one_draw_cuts_the_kernels_in_order_from_one_draw() -> None:
+    """Each fan-in kernel is its own slice of one truncated-normal draw, scaled by its own std; a
+    zero-outscale kernel takes no values; outside the helper each kernel draws from its own key."""
+    from sb3_worldmodels.blocks.layers import init_from_one_draw
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = B.Dense(5, name="a")(x)
+            x = B.Dense(4, outscale=0.0, name="zero")(x)
+            return B.Dense(3, outscale=0.5, name="b")(x)
+
+    x, key = jnp.zeros((1, 6)), jax.random.PRNGKey(3)
+    params = jax.jit(lambda k: init_from_one_draw(lambda k: Net().init(k, x), k))(key)["params"]
+    draw = np.asarray(jax.random.truncated_normal(key, -2.0, 2.0, (6 * 5 + 4 * 3,), jnp.float32))
+    std = B.TRUNC_NORMAL_STD_CORRECTION
+    np.testing.assert_allclose(params["a"]["kernel"], draw[:30].reshape(6, 5) * std / math.sqrt(6), rtol=1e-6)
+    np.testing.assert_array_equal(params["zero"]["kernel"], np.zeros((5, 4)))
+    np.testing.assert_allclose(params["b"]["kernel"], draw[30:].reshape(4, 3) * std * 0.5 / 2.0, rtol=1e-6)
+    per_kernel = Net().init(key, x)["params"]
+    assert not np.allclose(per_kernel["a"]["kernel"], params["a"]["kernel"])
+
+
 def test_initialiser_agrees_with_reference_initial_parameters() -> None:
     """The reference's own init (fixture) has std outscale/sqrt(fan_in) and the same truncation."""
     with np.load(FIXTURES / "dreamerv3" / "agent1m_params_init.npz") as f:

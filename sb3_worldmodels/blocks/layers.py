@@ -8,9 +8,10 @@ DreamerV3 nets.py:594-758,816-884@2411f7d and TD-MPC2 layers.py:50-97@b67b21c.
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import flax.linen as nn
 import jax
@@ -19,6 +20,7 @@ import numpy as np
 
 Array = jax.Array
 Initializer = Callable[[Array, Sequence[int], Any], Array]
+T = TypeVar("T")
 
 __all__ = [
     "MLP",
@@ -32,6 +34,7 @@ __all__ = [
     "block_matmul",
     "block_matmul_pretransposed",
     "get_act",
+    "init_from_one_draw",
     "layer_norm",
     "matmul_pretransposed",
     "mish",
@@ -81,9 +84,55 @@ def trunc_normal_fan_in(outscale: float = 1.0, fan_in_axes: Sequence[int] | None
         axes = range(len(shape) - 1) if fan_in_axes is None else fan_in_axes
         fan_in = int(np.prod([shape[a] for a in axes]))
         std = TRUNC_NORMAL_STD_CORRECTION * math.sqrt(1.0 / fan_in) * outscale
-        return (jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32) * std).astype(dtype)
+        return (_standard_truncated_normal(key, shape) * std).astype(dtype)
 
     return init
+
+
+class _Draws:
+    """Standard truncated-normal values handed out in order (``values`` None: only counted)."""
+
+    def __init__(self, values: Array | None) -> None:
+        self.values, self.taken = values, 0
+
+    def take(self, shape: tuple[int, ...]) -> Array:
+        size = int(np.prod(shape))
+        start, self.taken = self.taken, self.taken + size
+        if self.values is None:
+            return jnp.zeros(shape, jnp.float32)
+        return self.values[start : start + size].reshape(shape)
+
+
+_ONE_DRAW: contextvars.ContextVar[_Draws | None] = contextvars.ContextVar("one_draw", default=None)
+
+
+def _standard_truncated_normal(key: Array, shape: tuple[int, ...]) -> Array:
+    draws = _ONE_DRAW.get()
+    if draws is None:
+        return jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)
+    return draws.take(shape)
+
+
+def init_from_one_draw(init: Callable[[Array], T], key: Array) -> T:
+    """``init(key)`` (e.g. a flax ``init``) with every :func:`trunc_normal_fan_in` kernel cut, in
+    order of creation, from one draw of ``key`` (same distributions, other values).
+
+    A draw per kernel puts a random-number generator per kernel into the jitted init: for DreamerV3's
+    "1m" model 13,000 compiled instructions and 3.3 s to compile on CPU against 0.8 s for one draw,
+    paid each time a model is built. Traceable; ``init`` is traced twice (the first time only to
+    count the values)."""
+    counter = _Draws(None)
+    token = _ONE_DRAW.set(counter)
+    try:
+        jax.eval_shape(init, key)
+    finally:
+        _ONE_DRAW.reset(token)
+    draws = _Draws(jax.random.truncated_normal(key, -2.0, 2.0, (counter.taken,), jnp.float32))
+    token = _ONE_DRAW.set(draws)
+    try:
+        return init(key)
+    finally:
+        _ONE_DRAW.reset(token)
 
 
 def mish(x: Array) -> Array:

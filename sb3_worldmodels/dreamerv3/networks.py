@@ -40,6 +40,7 @@ from sb3_worldmodels.blocks.layers import (
     NormedDense,
     block_matmul,
     block_matmul_pretransposed,
+    init_from_one_draw,
     matmul_pretransposed,
     rms_norm,
 )
@@ -548,8 +549,14 @@ def init_params(config: DreamerV3Config, key: Array) -> tuple[dict, dict]:
 
     Every kernel N(0, 1) truncated to [−2, 2] times 1.1368·outscale/sqrt(fan-in) (fan-in: all kernel
     axes but the last; outscale from :data:`OUTSCALES`, 0.1 for the decoder's outputs, else 1),
-    biases 0 and norm scales 1. Traceable (jit it: run op by op, every operation compiles apart).
+    biases 0 and norm scales 1; the kernels' values cut from one draw of ``key``
+    (:func:`~sb3_worldmodels.blocks.layers.init_from_one_draw`). Traceable (jit it: run op by op,
+    every operation compiles apart).
     """
+    return init_from_one_draw(functools.partial(_init_modules, config), key)
+
+
+def _init_modules(config: DreamerV3Config, key: Array) -> tuple[dict, dict]:
     nets = make_networks(config)
     keys = dict(zip((*MODULES, "slow_critic"), jax.random.split(key, len(MODULES) + 1), strict=True))
     n = 1
