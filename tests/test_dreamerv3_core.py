@@ -56,7 +56,8 @@ def make_batch(
 
 
 def expected_param_count(config: DreamerV3Config) -> int:
-    """Optimised parameters counted from the layer shapes of spec §2-§7 (independent of flax)."""
+    """Optimised parameters counted from the reference's layer shapes (nets.py:16-884@2411f7d,
+    agent.py:63-83@2411f7d), independently of flax."""
     U, D, H, S, C, G = config.units, config.deter, config.hidden, config.stoch, config.classes, config.blocks
     O, A_, F = config.obs_dim, config.action_dim, config.feat_dim
 
@@ -132,7 +133,7 @@ def test_init_state_structure(trained: dict[str, Any]) -> None:
     assert state.updates.dtype == jnp.int32 and int(state.updates) == 0
     assert float(state.retnorm.low) == float(state.retnorm.high) == 0.0
     assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(state.params))
-    # Zero-initialised outputs (§8.2): reward and critic heads predict uniform bins.
+    # Zero-initialised outputs (nets.py:816-884@2411f7d): reward and critic heads predict uniform bins.
     for name in ("rew", "critic"):
         assert not np.any(state.params[name]["out"]["kernel"])
         assert state.params[name]["out"]["kernel"].shape == (config.units, config.bins)
@@ -264,7 +265,8 @@ def test_policy_step(discrete: bool) -> None:
 
 
 def test_gradient_paths(trained: dict[str, Any]) -> None:
-    """Actor and critic losses reach only their own heads (inputs are stop-gradiented, §7.3, §8.1);
+    """Actor and critic losses reach only their own heads (inputs are stop-gradiented,
+    agent.py:267-298,104-109@2411f7d);
     the replay critic loss also trains encoder and RSSM; the world-model losses never touch the actor."""
     config, state, batch = trained["config"], trained["state"], trained["batch"]
     noise = A.sample_noise(config, jax.random.PRNGKey(3), B, T)
@@ -305,7 +307,8 @@ def test_init_state_parameters_and_optimizer_state() -> None:
     for a, b in zip(leaves(state.opt_state), leaves(fresh), strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_array_equal(a, b)
-    # Kernel scales follow fan-in and outscale (§8.2): std 1/sqrt(fan-in) within sampling error.
+    # Kernel scales follow fan-in and outscale (nets.py:816-884@2411f7d): std 1/sqrt(fan-in) within
+    # sampling error.
     kernel = np.asarray(state.params["dyn"]["dyn0"]["kernel"])
     fan_in = kernel.shape[0] * kernel.shape[1]
     assert abs(kernel.std() * np.sqrt(fan_in) - 1.0) < 0.1

@@ -1,4 +1,4 @@
-"""Collection and replay against the reference's own driver, replay and train loop (spec §11-13).
+"""Collection and replay against the reference (driver.py:34-81, replay.py:130-317, train.py:26-91@2411f7d).
 
 The fixtures ``tests/fixtures/dreamerv3/driver_*`` were recorded by running danijar/dreamerv3
 @2411f7d (+ 29eb964) itself: ``embodied/run/train.py`` with ``embodied.Driver`` (in-process envs),

@@ -14,15 +14,15 @@ How the comparison is made exact:
   Straight-through samples are built as onehot + (p − sg(p)), as in the reference, so the gradients match.
 - Two-hot mean. Our expectation is exact (0 for uniform probabilities); the reference's, under
   ``jax.jit`` on CPU, gives −0.1644754 for all-zero logits because fused multiply-adds break its
-  symmetric pairing (fixture README, spec §9.3). At these parameters every reward, critic and
-  slow-critic output layer is exactly zero (outscale 0, and the first update is scaled by warmup 0), so
-  every mean in the recorded steps is that constant. :func:`test_twohot_mean_is_the_only_difference`
-  checks that this is the only difference: all those logits are zero in the fixture, the fixture's means
-  all equal −0.1644754, ours are exactly 0, and with our production means the world-model terms still
-  match while the imagined returns are exactly 0. The full-update tests then evaluate the same code with
-  the reference's value substituted for the mean of all-zero logits (a test-only patch of
-  ``agent.twohot_mean``), which makes returns, advantages, normaliser statistics, actor/critic losses and
-  all gradients comparable.
+  symmetric pairing (fixture README, jaxutils.py:226-250@2411f7d; docs/deviations.md D2). At these
+  parameters every reward, critic and slow-critic output layer is exactly zero (outscale 0, and the
+  first update is scaled by warmup 0), so every mean in the recorded steps is that constant.
+  :func:`test_twohot_mean_is_the_only_difference` checks that this is the only difference: all those
+  logits are zero in the fixture, the fixture's means all equal −0.1644754, ours are exactly 0, and with
+  our production means the world-model terms still match while the imagined returns are exactly 0. The
+  full-update tests then evaluate the same code with the reference's value substituted for the mean of
+  all-zero logits (a test-only patch of ``agent.twohot_mean``), which makes returns, advantages,
+  normaliser statistics, actor/critic losses and all gradients comparable.
 
 Tolerances: forward tensors and losses ``|ours − ref| ≤ 1e-5·max|ref| + 1e-5·|ref|`` (float32 matmul
 accumulation order; observed ≤ 5e-7 of the tensor scale). Imagined quantities use the same bound: with
@@ -74,7 +74,8 @@ from tests.parity_helpers import assert_close, dreamerv3_update_record
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dreamerv3"
 REF_JIT_ZERO_LOGITS_MEAN = np.float32(-0.1644754)
-"""The reference's jitted two-hot mean of all-zero logits (fixture README "FMA"; spec §9.3)."""
+"""The reference's jitted two-hot mean of all-zero logits (fixture README "FMA";
+jaxutils.py:226-250@2411f7d)."""
 RECORDED = 1e9
 """Gumbel noise value that forces a recorded class (unimixed log-probs are within [log(0.01/C), 0])."""
 

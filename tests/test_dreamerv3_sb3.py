@@ -274,8 +274,9 @@ def test_save_load_predict_identical(tmp_path):
 
 
 def test_replay_rows_follow_the_reference_driver():
-    """Spec §13.1: one row per observation, the reset row first (reward 0, is_first), the episode's
-    last row with the terminal observation, its reward, is_last, is_terminal only for a termination
+    """As the reference's driver writes rows (driver.py:34-81, from_gym.py:56-82@2411f7d): one row per
+    observation, the reset row first (reward 0, is_first), the episode's last row with the terminal
+    observation, its reward, is_last, is_terminal only for a termination (docs/deviations.md D21)
     and a zero action; every other row stores the one-hot action taken after its observation, and
     the policy's latents, which the GRU continues from with the stored action (the replay context)."""
     model = tiny(make_vec_env(ScriptedEpisodesEnv, n_envs=2), n_envs=None, batch_length=64)
@@ -303,7 +304,8 @@ def test_replay_rows_follow_the_reference_driver():
         assert not rows["action"][last].any()  # zeroed on the episode's last row
         np.testing.assert_array_equal(rows["action"][~last].sum(-1), 1.0)  # one-hot elsewhere
         # Each non-first, non-last row's deter is the GRU step from the previous row's stored latent
-        # and stored action: exactly what training's replay context relies on (§11).
+        # and stored action: exactly what training's replay context relies on (agent.py:188-199@2411f7d,
+        # agent.py:172-183@29eb964).
         for i in np.flatnonzero(~rows["is_first"] & ~last)[:6]:
             prev = jnp.asarray(rows["deter"][i - 1 : i])
             deter, _ = N.rssm_step(

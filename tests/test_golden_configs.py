@@ -177,11 +177,16 @@ TDMPC2_OURS_ONLY = {
     "obs_dim": "compared with the reference's obs_shape['state'][0]",
     "discount": "compared with the discount TDMPC2.__init__ computes (agent.discount, tdmpc2.py:31-48)",
     "learning_rate": "left at its default on purpose; the SB3 learning_rate is compared with lr",
-    "q_dropout": "'always' is b67b21c's behaviour (spec §2.4); other modes are later upstream code",
+    "q_dropout": (
+        "'always' is b67b21c's behaviour (layers.py:7-27, world_model.py:70-72@b67b21c); "
+        "other modes are later upstream code"
+    ),
     "dropout_masks": "how masks are drawn (docs/deviations.md T13)",
     "episodic": "later upstream code (7ec6bc8); off = b67b21c",
     "termination_coef": "later upstream code (7ec6bc8), used only with episodic=True",
-    "stale_pi_grad_in_clip": "b67b21c's clipping behaviour (spec §3.3 step 6), not a config key there",
+    "stale_pi_grad_in_clip": (
+        "b67b21c's clipping behaviour (tdmpc2.py:180,232,267@b67b21c), not a config key there"
+    ),
     "matmul_precision": "numerics switch; 'float32' is how the reference ran (float32 GEMMs)",
 }
 
@@ -316,7 +321,7 @@ DV3_MAP = {
     "run.train_fill": ("_config.train_fill", _ID),  # rows collected before training may start (both 0)
     "batch_size": ("_config.batch_size", _ID),
     # The reference's batch_length counts the sampled rows, context included (replay_context 1):
-    # 65 = our batch_length (trained rows, T) + 1 (spec §11; our window has T + 1 rows).
+    # 65 = our batch_length (trained rows, T) + 1 (agent.py:188-199@2411f7d; our window has T + 1 rows).
     "batch_length": ("_config.batch_length", lambda t: t + 1),
     "imag_length": ("_config.imag_horizon", _ID),
     "horizon": ("_config.return_horizon", _ID),  # 1 / (1 - gamma)
@@ -339,10 +344,11 @@ DV3_MAP = {
 }
 DV3_ENV_MAP = {"env.dmc.repeat": ("action_repeat", _ID)}  # dmc settings only
 
-# Reference settings that our code hardwires (the spec section that specifies the behaviour).
+# Reference settings that our code hardwires (where cited, the reference code that specifies the behaviour).
 DV3_FIXED = {
-    "replay_context": 1,  # one context row per window (spec §11)
-    "contdisc": True,  # continue target (1 - terminal)(1 - 1/horizon), discount 1 (spec §5)
+    "replay_context": 1,  # one context row per window (agent.py:188-199@2411f7d, agent.py:172-183@29eb964)
+    # continue target (1 - terminal)(1 - 1/horizon), discount 1 (agent.py:258-261,316@2411f7d)
+    "contdisc": True,
     "dyn.typ": "rssm",
     "dyn.rssm.cell": "blockgru",
     "dyn.rssm.act": "silu",
@@ -435,7 +441,7 @@ DV3_REF_ONLY = {
         r"enc\.simple\.(depth|mults|kernel|minres|debug_outer)",
         r"dec\.simple\.(depth|mults|kernel|minres|debug_outer|block_space|hidden_stoch|space_hidden)",
         r"dec\.simple\.(block_fans|block_norm)",
-        # the vector output layers use the Dist default outscale 0.1, not this key (spec §4.2)
+        # vector output layers use the Dist default outscale 0.1, not this key (nets.py:321,408,420@2411f7d)
         r"dec\.simple\.outscale",
         r"loss_scales\.dec_cnn",
     ),
@@ -446,7 +452,7 @@ DV3_REF_ONLY = {
         r"lrs\..*",
         r"(valnorm|advnorm)\.(rate|limit)",
     ),
-    "dead options removed upstream in 1a532a7 (spec §0)": (
+    "dead options removed upstream in 1a532a7 (configs.yaml:98-99,108,147@2411f7d)": (
         r"compute_lr",
         r"compute_lr_params\..*",
         r"scale_by_actent",

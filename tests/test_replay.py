@@ -1,4 +1,9 @@
-"""SequenceReplay: windows, online queue, eviction, growth, write-back, annotation, pickling (spec §11-12)."""
+"""SequenceReplay: windows, online queue, eviction, growth, write-back, annotation, pickling.
+
+The reference is embodied/replay/replay.py@2411f7d: items and the online queue (replay.py:130-144),
+write-back (147-167), queue-first sampling (178-191), FIFO eviction (193-217), annotation (303-317);
+windows of batch_length 65 rows, the first a context row (configs.yaml:92-94@2411f7d).
+"""
 
 from __future__ import annotations
 

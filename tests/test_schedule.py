@@ -1,4 +1,7 @@
-"""RatioSchedule against a plain transcription of the reference's train loop (spec §13.2)."""
+"""RatioSchedule against a plain transcription of the reference's train loop.
+
+The reference: embodied/run/train.py:26-28,67-91@2411f7d and embodied/core/when.py:26-42@2411f7d.
+"""
 
 from __future__ import annotations
 
@@ -107,7 +110,7 @@ def test_speed_config_update_count() -> None:
 
 
 def test_dmc_config_starts_after_16_items() -> None:
-    # 16 envs, window 65: the 16th item is env 15's 65th row, step 16 * 65 = 1040 (spec §13.2).
+    # 16 envs, window 65: the 16th item is env 15's 65th row, step 16 * 65 = 1040 (train.py:81@2411f7d).
     total, first = _reference_updates(512, 16, 64, 16, 1040 + 16 * 10)
     assert first == 1040
     # One update at step 1040, then 0.5 per row over 160 rows.
@@ -115,7 +118,7 @@ def test_dmc_config_starts_after_16_items() -> None:
 
 
 def test_call_matches_when_ratio_on_fixture_grid() -> None:
-    # Spec §18 item 17: when.Ratio(512 / 1024) over steps 0..2000 in increments of 16.
+    # when.Ratio(512 / 1024) (when.py:26-42@2411f7d) over steps 0..2000 in increments of 16.
     ours, ref = RatioSchedule(512, 16, 64), _ReferenceRatio(512 / 1024)
     got = [ours(s) for s in range(0, 2001, 16)]
     assert got == [ref(s) for s in range(0, 2001, 16)]

@@ -404,7 +404,9 @@ def test_episodic_plan_masks_terminated_candidates():
 
 @pytest.mark.parametrize(
     ("obs_dim", "action_dim", "total", "q_total"),
-    [(24, 6, 4_960_618, 2_911_225), (223, 38, 5_159_082, 2_993_145)],  # spec §1.2: 4.96M/2.91M, 5.16M/2.99M
+    # Size 5 (common/__init__.py:7-10@b67b21c), walker and dog: 4.96M/2.91M and 5.16M/2.99M learnable
+    # parameters (total/Q ensemble); target Qs excluded, as in total_params (world_model.py:35-37@b67b21c).
+    [(24, 6, 4_960_618, 2_911_225), (223, 38, 5_159_082, 2_993_145)],
 )
 def test_parameter_counts_of_the_default_size(obs_dim, action_dim, total, q_total):
     config = preset(5, obs_dim=obs_dim, action_dim=action_dim)
