@@ -89,6 +89,7 @@ TDMPC2_SIZES = (1, 5, 19, 48, 317)
 # and so do ours (num_timesteps counts agent steps, T9); our ``episode_length`` argument counts
 # simulator steps, so the comparison uses ``agent_episode_length`` (= 1000 // action_repeat).
 TDMPC2_MAP = {
+    "task_dim": "_config.task_dim",  # 0 for a single task (parser.py:57); the embedding width otherwise
     # config.yaml:13-28 (training)
     "batch_size": "_config.batch_size",
     "reward_coef": "_config.reward_coef",
@@ -140,7 +141,6 @@ TDMPC2_SPECIAL = {"obs_shape", "discount_denom", "discount_min", "discount_max"}
 TDMPC2_FIXED = {
     "mpc": True,  # act() plans with MPPI after the seed phase; there is no policy-only mode
     "multitask": False,  # single-task agent only
-    "task_dim": 0,  # no task embedding: parse_cfg sets 0 for a single task (parser.py:57)
 }
 
 TDMPC2_DOCUMENTED: dict = {}  # no known difference in the resolved configuration
@@ -188,6 +188,8 @@ TDMPC2_OURS_ONLY = {
         "b67b21c's clipping behaviour (tdmpc2.py:180,232,267@b67b21c), not a config key there"
     ),
     "matmul_precision": "numerics switch; 'float32' is how the reference ran (float32 GEMMs)",
+    "action_dims": "multi-task only (the reference's action_dims, '???' for a single task)",
+    "episode_lengths": "multi-task only (the reference's episode_lengths, '???' for a single task)",
 }
 
 

@@ -38,7 +38,7 @@ from sb3_worldmodels.tdmpc2.config import TDMPC2Config
 Array = jax.Array
 sg = jax.lax.stop_gradient
 
-WORLD_MODEL_MODULES = ("encoder", "dynamics", "reward", "qs", "termination")
+WORLD_MODEL_MODULES = ("encoder", "dynamics", "reward", "qs", "termination", "task_emb")
 """Modules of the world-model Adam group (``tdmpc2.py:17-24``; termination only when episodic)."""
 
 
@@ -166,16 +166,26 @@ def td_target(
     eps: Array,
     pair: Array,
     dropout_key: Array | None,
+    task: Array | None = None,
 ) -> tuple[Array, dict]:
     """r + γ·(1 − terminated)·min of a target-Q pair at (z', π(z')) (``tdmpc2.py:197-212@b67b21c``;
     ``tdmpc2.py:258@7ec6bc8``).
 
-    next_z (H, B, L), reward (H, B), terminated (H, B) or None → (H, B), and the pieces.
+    next_z (H, B, L), reward (H, B), terminated (H, B) or None → (H, B), and the pieces. Multi-task:
+    ``task`` (B,) ids condition the networks and pick each row's discount (tdmpc2.py:211@b67b21c).
     """
-    _, action, _, _ = N.policy(config, params, next_z, eps)
-    q = N.q_pair_value(config, target_qs, next_z, action, pair, dropout_key, "min")
+    cond = None if task is None else N.task_conditioning(config, params, task)
+    _, action, _, _ = N.policy(config, params, next_z, eps, cond)
+    q = N.q_pair_value(config, target_qs, next_z, action, pair, dropout_key, "min", cond)
     cont = 1.0 if terminated is None else 1.0 - terminated
-    return reward + config.discount * cont * q, {"td_pi_action": action, "td_q_target_min": q}
+    return reward + discount(config, task) * cont * q, {"td_pi_action": action, "td_q_target_min": q}
+
+
+def discount(config: TDMPC2Config, task: Array | None = None) -> float | Array:
+    """γ: the config's, or multi-task each row's task discount (B,) (float32, tdmpc2.py:31-33@b67b21c)."""
+    if task is None:
+        return config.discount
+    return jnp.asarray(config.task_discounts, jnp.float32)[task]
 
 
 def world_model_loss(
@@ -185,7 +195,8 @@ def world_model_loss(
 
     Args:
         wm: the world-model modules; pi: policy parameters (TD targets only, not differentiated).
-        batch: "obs" (H+1, B, O), "action" (H, B, A), "reward" (H, B)[, "terminated" (H, B)].
+        batch: "obs" (H+1, B, O), "action" (H, B, A), "reward" (H, B)[, "terminated" (H, B)]
+            [, "task" (B,) int32 task ids, multi-task].
 
     Returns:
         (total, aux) with aux = {"losses", "zs" (H+1, B, L) rollout latents, "internals"}.
@@ -194,7 +205,9 @@ def world_model_loss(
     params = {**wm, "pi": pi}
     obs, action, reward = batch["obs"], batch["action"], batch["reward"]
     terminated = batch.get("terminated") if config.episodic else None
-    next_z = sg(N.encode(config, params, obs[1:]))
+    task = batch["task"] if config.multitask else None
+    cond = None if task is None else N.task_conditioning(config, params, task)
+    next_z = sg(N.encode(config, params, obs[1:], cond))
     td, td_parts = td_target(
         config,
         sg(params),
@@ -205,14 +218,15 @@ def world_model_loss(
         noise.eps_td,
         noise.pair_td,
         _dropout_key(config, noise.dropout, 0, train=False),
+        task,
     )
     td = sg(td)
 
-    z = N.encode(config, params, obs[0])
+    z = N.encode(config, params, obs[0], cond)
     latents = [z]
     consistency = jnp.zeros((), jnp.float32)
     for t in range(h):
-        z = N.next_latent(config, params, z, action[t])
+        z = N.next_latent(config, params, z, action[t], cond)
         consistency += jnp.mean(jnp.square(z - next_z[t])) * config.rho**t
         latents.append(z)
     consistency = consistency * (1.0 / h)
@@ -224,8 +238,9 @@ def world_model_loss(
         zs[:-1],
         action,
         _dropout_key(config, noise.dropout, 1, train=True),
+        cond,
     )  # (K, H, B, n)
-    rew_logits = N.reward_logits(config, params, zs[:-1], action)  # (H, B, n)
+    rew_logits = N.reward_logits(config, params, zs[:-1], action, cond)  # (H, B, n)
     bins = (config.num_bins, config.vmin, config.vmax)
     rho = _rho(config, h)
     reward_ce = -symlog_twohot_log_prob(rew_logits, reward, *bins)  # (H, B)
@@ -256,14 +271,21 @@ def world_model_loss(
 
 
 def policy_loss(
-    config: TDMPC2Config, pi: dict, qs: dict, zs: Array, scale: RunningScaleState, noise: UpdateNoise
+    config: TDMPC2Config,
+    pi: dict,
+    qs: dict,
+    zs: Array,
+    scale: RunningScaleState,
+    noise: UpdateNoise,
+    task: N.Task | None = None,
 ) -> tuple[Array, dict]:
     """The policy loss on detached latents zs (H+1, B, L) with the (updated, frozen) Q members
-    (``tdmpc2.py:169-195``): mean_t ρ^t·mean_B(α·log π − Q/S), S the RunningScale updated on Q[0]."""
-    _, action, log_pi, _ = N.policy(config, {"pi": pi}, zs, noise.eps_pi)
-    q = N.q_pair_value(
-        config, sg(qs), zs, action, noise.pair_pi, _dropout_key(config, noise.dropout, 2, train=True), "avg"
-    )
+    (``tdmpc2.py:169-195``): mean_t ρ^t·mean_B(α·log π − Q/S), S the RunningScale updated on Q[0].
+    Multi-task: ``task`` conditions both; only ``pi`` is differentiated, so the embedding gets no
+    policy gradient (world_model.py:67-69@b67b21c)."""
+    _, action, log_pi, _ = N.policy(config, {"pi": pi}, zs, noise.eps_pi, task)
+    drop = _dropout_key(config, noise.dropout, 2, train=True)
+    q = N.q_pair_value(config, sg(qs), zs, action, noise.pair_pi, drop, "avg", task)
     scale = running_scale_update(scale, q[0], config.tau)
     scaled = running_scale_apply(scale, q)
     rho = _rho(config, config.horizon + 1)
@@ -281,9 +303,13 @@ def update_with_noise(
 ) -> tuple[TDMPC2State, dict[str, Array], dict[str, Any]]:
     """One update with the given draws (``tdmpc2.py:214-286``); ``state.key`` is left unchanged.
 
-    Returns (new state, scalar metrics, aux {"internals", "pi"}).
+    Returns (new state, scalar metrics, aux {"internals", "pi"}). Multi-task: the embedding rows of the
+    batch's tasks are renormalised before the world-model step and again before the policy step, as
+    the reference's lookups do in place (world_model.py:19@b67b21c).
     """
     params = state.params
+    if config.multitask:
+        params = N.renormalise_task_embeddings(params, batch["task"])
     wm, pi = _wm_params(params), params["pi"]
     grad_fn = jax.value_and_grad(world_model_loss, argnums=1, has_aux=True)
     (total, aux), grads = grad_fn(config, wm, pi, state.target_qs, batch, noise)
@@ -299,8 +325,12 @@ def update_with_noise(
 
     # Policy step on the pre-update latents with the post-update Q members.
     zs = sg(aux["zs"])
+    task = None
+    if config.multitask:
+        wm = N.renormalise_task_embeddings(wm, batch["task"])
+        task = N.task_conditioning(config, wm, batch["task"])
     pi_grad_fn = jax.value_and_grad(policy_loss, argnums=1, has_aux=True)
-    (pi_loss, pi_aux), pi_grads = pi_grad_fn(config, pi, wm["qs"], zs, state.scale, noise)
+    (pi_loss, pi_aux), pi_grads = pi_grad_fn(config, pi, wm["qs"], zs, state.scale, noise, task)
     pi_norm = jnp.sqrt(squared_global_norm(pi_grads))
     clip = _clip_factor(pi_norm, config.grad_clip_norm)
     pi_grads = jax.tree_util.tree_map(lambda g: g * clip, pi_grads)

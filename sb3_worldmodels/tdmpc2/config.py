@@ -154,6 +154,19 @@ class TDMPC2Config:
     """Multiplies the value gap in the elite weights exp(temperature * (v - max v)) (tdmpc2.py:151@b67b21c;
     config.yaml:39@b67b21c)."""
 
+    # --- multi-task (world_model.py:19-23@b67b21c, tdmpc2.py:31-33@b67b21c) ---
+    task_dim: int = 0
+    """Width of the learned task embedding appended to the inputs of the encoder, dynamics, reward,
+    policy and Q networks; 0 = a single-task agent (``task_dim`` 96, common/parser.py:55@b67b21c; 64
+    for mt30 at sizes 5, 19 and 48)."""
+    action_dims: tuple[int, ...] = ()
+    """Multi-task: each task's true action width, in task-id order. Actions are padded to
+    ``action_dim``, the largest; the policy, the planner and the losses mask the rest
+    (``_action_masks``, world_model.py:21-23@b67b21c)."""
+    episode_lengths: tuple[int, ...] = ()
+    """Multi-task: each task's episode length in agent steps, which sets its discount
+    (:attr:`task_discounts`; tdmpc2.py:31-33@b67b21c)."""
+
     # --- numerics ---
     matmul_precision: str = "float32"
     """Precision of every matmul in the jitted functions (:data:`~sb3_worldmodels.blocks.jit.
@@ -165,6 +178,20 @@ class TDMPC2Config:
     def gamma(self) -> float:
         """The discount under SB3's name."""
         return self.discount
+
+    @property
+    def multitask(self) -> bool:
+        return self.task_dim > 0
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.action_dims)
+
+    @property
+    def task_discounts(self) -> tuple[float, ...]:
+        """Each task's discount from its episode length (:func:`discount_from_episode_length`); the
+        reference keeps them as a float32 tensor (tdmpc2.py:31-33@b67b21c)."""
+        return tuple(discount_from_episode_length(length) for length in self.episode_lengths)
 
     @property
     def bin_size(self) -> float:
@@ -246,4 +273,30 @@ def preset(model_size: int, **overrides) -> TDMPC2Config:
         raise ValueError(f"num_q must be at least 2 (targets use a pair of Q members), got {cfg.num_q}.")
     if not cfg.num_pi_trajs < cfg.num_samples or not cfg.num_elites <= cfg.num_samples:
         raise ValueError("num_pi_trajs must be below num_samples and num_elites at most num_samples.")
+    _check_tasks(cfg)
     return cfg
+
+
+def _check_tasks(cfg: TDMPC2Config) -> None:
+    if cfg.task_dim < 0:
+        raise ValueError(f"task_dim must be 0 (single-task) or positive, got {cfg.task_dim}.")
+    if not cfg.multitask:
+        if cfg.action_dims or cfg.episode_lengths:
+            raise ValueError(
+                "action_dims and episode_lengths are multi-task settings: give task_dim > 0 too."
+            )
+        return
+    if not cfg.action_dims or len(cfg.action_dims) != len(cfg.episode_lengths):
+        raise ValueError(
+            f"a multi-task config needs one action width and one episode length per task, got "
+            f"action_dims={cfg.action_dims} and episode_lengths={cfg.episode_lengths}."
+        )
+    if min(cfg.action_dims) < 1 or max(cfg.action_dims) != cfg.action_dim or min(cfg.episode_lengths) < 1:
+        raise ValueError(
+            f"action_dims must be positive with their largest equal to action_dim={cfg.action_dim}, and "
+            f"episode_lengths positive (got {cfg.action_dims}, {cfg.episode_lengths})."
+        )
+    if cfg.episodic:
+        raise ValueError(
+            "episodic=True is single-task only, as in the reference (world_model.py:136@7ec6bc8)."
+        )

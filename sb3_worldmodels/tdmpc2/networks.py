@@ -9,7 +9,11 @@ network; :func:`modules` builds the agent's set and the functions below (:func:`
 - ``"encoder"``, ``"dynamics"``, ``"reward"``, ``"pi"`` (and ``"termination"`` when episodic): dicts
   ``{"0": layer, "1": layer, ...}`` in the reference's layer order (``_encoder.state.i``,
   ``_dynamics.i``, ...);
-- ``"qs"``: the K Q members with every leaf stacked on a leading K axis (``_Qs.params``).
+- ``"qs"``: the K Q members with every leaf stacked on a leading K axis (``_Qs.params``);
+- ``"task_emb"`` (multi-task): the (tasks, task_dim) embedding table (``_task_emb.weight``).
+
+Multi-task networks read the task embedding of each row after their first input (the latent or the
+observation) and before the action (world_model.py:82-95@b67b21c): pass a :class:`Task`.
 
 A normed layer is ``{"kernel" (in, out), "bias" (out,), "ln_scale" (out,), "ln_bias" (out,)}``; a
 plain output layer ``{"kernel", "bias"}``. Kernels are (in, out), the transpose of PyTorch's weights.
@@ -21,10 +25,12 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sb3_worldmodels.blocks.layers import mish, simnorm
 from sb3_worldmodels.blocks.math import symlog_twohot_mean
@@ -200,9 +206,14 @@ def modules(config: TDMPC2Config) -> dict[str, MLP]:
 
 
 def _input_width(config: TDMPC2Config, name: str) -> int:
+    task = 0 if name == "termination" else config.task_dim
     if name == "encoder":
-        return config.obs_dim
-    return config.latent_dim + (config.action_dim if name in ("dynamics", "reward", "qs") else 0)
+        return config.obs_dim + task
+    return config.latent_dim + task + (config.action_dim if name in ("dynamics", "reward", "qs") else 0)
+
+
+TASK_EMB_INIT = 0.02
+"""The task embedding starts U(−0.02, 0.02) (nn.Embedding in init.py:4-22@b67b21c)."""
 
 
 def _init_module(net: MLP, width: int, key: Array) -> dict:
@@ -212,16 +223,22 @@ def _init_module(net: MLP, width: int, key: Array) -> dict:
 def init_params(config: TDMPC2Config, key: Array) -> tuple[dict, dict]:
     """Fresh (params, target Q params) from the modules' initialisers: weights N(0, 0.02²), biases 0,
     LayerNorm scale 1 and offset 0, the last layers of the reward head and of every Q member zero;
-    the target Qs a copy (init.py:4-22@b67b21c, world_model.py:29-31@b67b21c). Traceable."""
+    the target Qs a copy; a multi-task embedding U(−0.02, 0.02) (init.py:4-22@b67b21c,
+    world_model.py:29-31@b67b21c). Traceable."""
     nets = modules(config)
+    if config.multitask:  # single-task draws stay those of the key itself
+        key, task_key = jax.random.split(key)
     keys = dict(zip(nets, jax.random.split(key, len(nets)), strict=True))
-    params = {}
+    params: dict = {}
     for name, net in nets.items():
         init = functools.partial(_init_module, net, _input_width(config, name))
         if name == "qs":  # K independently initialised members, stacked
             params[name] = jax.vmap(init)(jax.random.split(keys[name], config.num_q))
         else:
             params[name] = init(keys[name])
+    if config.multitask:
+        shape = (config.num_tasks, config.task_dim)
+        params["task_emb"] = jax.random.uniform(task_key, shape, jnp.float32, -TASK_EMB_INIT, TASK_EMB_INIT)
     return params, jax.tree_util.tree_map(lambda x: x, params["qs"])
 
 
@@ -232,23 +249,72 @@ def _run(config: TDMPC2Config, name: str, params: dict, x: Array, drop: tuple | 
 
 
 # ------------------------------------------------------------------------------------------------
+# Multi-task conditioning (world_model.py:19-23,82-95,138-148@b67b21c)
+# ------------------------------------------------------------------------------------------------
+
+
+class Task(NamedTuple):
+    """What a multi-task network reads about each row's task."""
+
+    emb: Array
+    """(B, task_dim) embedding rows (a (task_dim,) row serves every row)."""
+    mask: Array
+    """(B, A) 1 for the task's true action dimensions, 0 for the padding (or (A,))."""
+
+
+def action_masks(config: TDMPC2Config) -> np.ndarray:
+    """(tasks, A) float32: row i is 1 on task i's first ``action_dims[i]`` entries
+    (world_model.py:21-23@b67b21c)."""
+    return (np.arange(config.action_dim)[None] < np.asarray(config.action_dims)[:, None]).astype(np.float32)
+
+
+def renormalise_task_embeddings(params: dict, task: Array) -> dict:
+    """``params`` with the embedding rows of the tasks ``task`` (int, any shape) scaled to norm 1 where
+    above it, by 1/(norm + 1e-7): what ``nn.Embedding(max_norm=1)`` does in place to the stored weight
+    at every lookup (world_model.py:19@b67b21c). Later lookups and gradients see the result as a plain
+    parameter."""
+    table = params["task_emb"]
+    norm = jnp.sqrt(jnp.sum(jnp.square(table), -1))
+    used = jnp.zeros(table.shape[0], bool).at[jnp.ravel(task)].set(True)
+    scale = jnp.where(used & (norm > 1.0), 1.0 / (norm + 1e-7), 1.0)
+    return {**params, "task_emb": table * scale[:, None]}
+
+
+def task_conditioning(config: TDMPC2Config, params: dict, task: Array) -> Task:
+    """The :class:`Task` of task ids ``task`` (B,) or () from the (already renormalised) table."""
+    return Task(params["task_emb"][task], jnp.asarray(action_masks(config))[task])
+
+
+def _with_task(x: Array, task: Task | None) -> Array:
+    """[x, task embedding] along the last axis, the embedding broadcast over x's leading axes."""
+    if task is None:
+        return x
+    emb = jnp.broadcast_to(task.emb, (*x.shape[:-1], task.emb.shape[-1]))
+    return jnp.concatenate([x, emb], -1)
+
+
+# ------------------------------------------------------------------------------------------------
 # Model components (world_model.py)
 # ------------------------------------------------------------------------------------------------
 
 
-def encode(config: TDMPC2Config, params: dict, obs: Array) -> Array:
+def encode(config: TDMPC2Config, params: dict, obs: Array, task: Task | None = None) -> Array:
     """(..., O) observations → (..., L) latents (``world_model.py:97-104``)."""
-    return _run(config, "encoder", params["encoder"], obs)
+    return _run(config, "encoder", params["encoder"], _with_task(obs, task))
 
 
-def next_latent(config: TDMPC2Config, params: dict, z: Array, action: Array) -> Array:
+def next_latent(
+    config: TDMPC2Config, params: dict, z: Array, action: Array, task: Task | None = None
+) -> Array:
     """Latent dynamics d(z, a): (..., L), (..., A) → (..., L) (``:106-113``)."""
-    return _run(config, "dynamics", params["dynamics"], jnp.concatenate([z, action], -1))
+    return _run(config, "dynamics", params["dynamics"], jnp.concatenate([_with_task(z, task), action], -1))
 
 
-def reward_logits(config: TDMPC2Config, params: dict, z: Array, action: Array) -> Array:
+def reward_logits(
+    config: TDMPC2Config, params: dict, z: Array, action: Array, task: Task | None = None
+) -> Array:
     """(..., L), (..., A) → (..., n) reward logits (``:115-122``)."""
-    return _run(config, "reward", params["reward"], jnp.concatenate([z, action], -1))
+    return _run(config, "reward", params["reward"], jnp.concatenate([_with_task(z, task), action], -1))
 
 
 def termination_logit(config: TDMPC2Config, params: dict, z: Array) -> Array:
@@ -262,13 +328,15 @@ def decode(config: TDMPC2Config, logits: Array) -> Array:
     return symlog_twohot_mean(logits, config.num_bins, config.vmin, config.vmax)
 
 
-def q_logits(config: TDMPC2Config, qs: dict, z: Array, action: Array, key: Array | None) -> Array:
+def q_logits(
+    config: TDMPC2Config, qs: dict, z: Array, action: Array, key: Array | None, task: Task | None = None
+) -> Array:
     """All K members on the same input: (..., L), (..., A) → (K, ..., n) logits (``:152-174``).
 
     ``key`` draws independent dropout masks per member (rate ``config.dropout``); None = no dropout.
     A bool ``key`` (K, ..., mlp_dim) gives each member's keep-mask explicitly (see :func:`dropout`).
     """
-    return _members_logits(config, qs, jnp.concatenate([z, action], -1), key, config.num_q)
+    return _members_logits(config, qs, jnp.concatenate([_with_task(z, task), action], -1), key, config.num_q)
 
 
 def _members_logits(config: TDMPC2Config, members: dict, x: Array, key: Array | None, count: int) -> Array:
@@ -282,7 +350,14 @@ def _members_logits(config: TDMPC2Config, members: dict, x: Array, key: Array | 
 
 
 def q_pair_value(
-    config: TDMPC2Config, qs: dict, z: Array, action: Array, pair: Array, key: Array | None, reduce: str
+    config: TDMPC2Config,
+    qs: dict,
+    z: Array,
+    action: Array,
+    pair: Array,
+    key: Array | None,
+    reduce: str,
+    task: Task | None = None,
 ) -> Array:
     """Decoded values of the two members ``pair`` (2,) int32, combined by "min" or "avg": (...).
 
@@ -292,28 +367,38 @@ def q_pair_value(
     members = jax.tree_util.tree_map(lambda x: x[pair], qs)
     if key is not None and _is_mask(key):  # explicit masks of all K members: keep the pair's
         key = key[pair]
-    logits = _members_logits(config, members, jnp.concatenate([z, action], -1), key, 2)
+    logits = _members_logits(config, members, jnp.concatenate([_with_task(z, task), action], -1), key, 2)
     values = decode(config, logits)
     a, b = values[0], values[1]
     return jnp.minimum(a, b) if reduce == "min" else 0.5 * (a + b)
 
 
-def policy(config: TDMPC2Config, params: dict, z: Array, eps: Array) -> tuple[Array, Array, Array, Array]:
+def policy(
+    config: TDMPC2Config, params: dict, z: Array, eps: Array, task: Task | None = None
+) -> tuple[Array, Array, Array, Array]:
     """The policy prior with injected noise ``eps`` ~ N(0, I) (``world_model.py:124-150``).
 
     Returns (mu, pi, log_pi, log_std): tanh mean, tanh sample, the reference's "log-prob" (the
     Gaussian residual scaled by A, then the tanh correction; math.py:27-45@b67b21c) (...,), and the log-std
-    (..., A).
+    (..., A). Multi-task: mean, log-std and noise are masked to the task's action dimensions and A is
+    the task's true action width (world_model.py:138-148@b67b21c).
     """
-    return policy_head(config, _run(config, "pi", params["pi"], z), eps)
+    out = _run(config, "pi", params["pi"], _with_task(z, task))
+    return policy_head(config, out, eps, None if task is None else task.mask)
 
 
-def policy_head(config: TDMPC2Config, out: Array, eps: Array) -> tuple[Array, Array, Array, Array]:
-    """:func:`policy` after its MLP: out (..., 2A) = [pre-tanh mean, raw log-std], eps (..., A)."""
+def policy_head(
+    config: TDMPC2Config, out: Array, eps: Array, mask: Array | None = None
+) -> tuple[Array, Array, Array, Array]:
+    """:func:`policy` after its MLP: out (..., 2A) = [pre-tanh mean, raw log-std], eps (..., A), the
+    optional action mask (..., A)."""
     mean, raw = jnp.split(out, 2, axis=-1)
     log_std = config.log_std_min + 0.5 * (config.log_std_max - config.log_std_min) * (jnp.tanh(raw) + 1.0)
+    size: float | Array = config.action_dim
+    if mask is not None:
+        mean, log_std, eps = mean * mask, log_std * mask, eps * mask
+        size = jnp.sum(mask, -1)
     residual = jnp.sum(-0.5 * jnp.square(eps) - log_std, -1)
-    size = config.action_dim
     log_pi = residual * size - 0.5 * math.log(2 * math.pi) * size
     u = mean + eps * jnp.exp(log_std)
     mu, pi = jnp.tanh(mean), jnp.tanh(u)

@@ -4,7 +4,8 @@ The reference saves ``{"model": WorldModel.state_dict()}`` (``tdmpc2.py`` ``save
 layouts map onto :mod:`.networks`' tree as follows: a ``Linear`` weight (out, in) becomes our kernel
 (in, out); a ``NormedLinear``'s ``ln.weight`` / ``ln.bias`` our ``ln_scale`` / ``ln_bias``; the Q
 ensemble's flat ``_Qs.params.j`` list holds, per member layer i, weight, bias, LayerNorm weight and
-LayerNorm bias at j = 4i … 4i + 3, and the last layer's weight and bias at the end.
+LayerNorm bias at j = 4i … 4i + 3, and the last layer's weight and bias at the end. A multi-task
+model's ``_task_emb.weight`` (tasks, task_dim) is our ``task_emb``.
 
 Used by the parity tests (recorded parameters) and to run a reference checkpoint with our planner.
 """
@@ -65,8 +66,10 @@ def _ensemble(sd: Mapping[str, Any], prefix: str) -> dict:
 
 def params_from_state_dict(sd: Mapping[str, Any], episodic: bool = False) -> tuple[dict, dict]:
     """A reference ``WorldModel.state_dict()`` (tensors or arrays) → our (params, target Q params)."""
-    params = {name: _module(sd, prefix) for name, prefix in MODULES.items()}
+    params: dict[str, Any] = {name: _module(sd, prefix) for name, prefix in MODULES.items()}
     params["qs"] = _ensemble(sd, "_Qs")
+    if "_task_emb.weight" in sd:  # a multi-task model (world_model.py:19@b67b21c)
+        params["task_emb"] = _numpy(sd["_task_emb.weight"])
     if episodic:
         params["termination"] = _module(sd, "_termination")
     target = _ensemble(sd, "_target_Qs")

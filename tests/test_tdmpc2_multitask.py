@@ -1,0 +1,192 @@
+"""TD-MPC2's multi-task model against the reference's own multi-task records (nicklashansen/tdmpc2
+@b67b21c; tests/fixtures/tdmpc2/README.md, "Multi-task fixtures"): two tasks, obs 3 / action 1 /
+500-step episodes and obs 5 / action 2 / 100-step episodes, padded to obs 5 / action 2, task_dim 96."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sb3_worldmodels.tdmpc2 import agent as core
+from sb3_worldmodels.tdmpc2 import networks as N
+from sb3_worldmodels.tdmpc2.config import preset
+from sb3_worldmodels.tdmpc2.reference_weights import params_from_state_dict
+
+FIX = Path(__file__).parent / "fixtures" / "tdmpc2"
+CONFIG = preset(
+    1,
+    obs_dim=5,
+    action_dim=2,
+    batch_size=8,
+    q_dropout="off",
+    task_dim=96,
+    action_dims=(1, 2),
+    episode_lengths=(500, 100),
+)
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def load(name: str) -> dict[str, np.ndarray]:
+    with np.load(FIX / name) as data:
+        return {k: data[k] for k in data.files}
+
+
+def start_params() -> tuple[dict, dict]:
+    """init (target Qs = online Qs at init) + the re-randomisation overrides, targets included."""
+    sd = load("mt_params_init.npz")
+    sd.update({k.replace("_Qs", "_target_Qs"): v for k, v in sd.items() if k.startswith("_Qs.")})
+    sd.update(load("mt_params_rerand_overrides.npz"))
+    return params_from_state_dict(sd)
+
+
+def close(actual, expected, rtol=RTOL, atol=ATOL, err=""):
+    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol, err_msg=err)
+
+
+@pytest.fixture(autouse=True)
+def _highest_precision():
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
+def test_config_matches_the_recorded_model():
+    meta = json.loads((FIX / "mt_meta.json").read_text())
+    np.testing.assert_array_equal(N.action_masks(CONFIG), meta["action_masks"])
+    np.testing.assert_array_equal(np.float32(CONFIG.task_discounts), np.float32(meta["discount_float32"]))
+    ours, target = N.init_params(CONFIG, jax.random.PRNGKey(0))
+    ref, _ = start_params()
+    shapes = lambda t: jax.tree_util.tree_map(lambda x: x.shape, t)  # noqa: E731
+    assert shapes(ours) == shapes(ref)
+    assert sum(x.size for x in jax.tree_util.tree_leaves(ours)) == meta["trainable_param_count"]
+    emb = np.asarray(ours["task_emb"])
+    assert emb.shape == (2, 96) and np.abs(emb).max() <= 0.02 and emb.std() > 0.01  # U(-0.02, 0.02)
+
+
+def test_heads_with_task_embeddings_and_masks_match_reference():
+    io = load("mt_model_io.npz")
+    params, target = start_params()
+    task = jnp.asarray(io["in_task"], jnp.int32)
+    params = N.renormalise_task_embeddings(params, task)
+    close(params["task_emb"], io["out_task_emb_weight_after_lookup"], err="renormalised table")
+    cond = N.task_conditioning(CONFIG, params, task)
+    close(cond.emb, io["out_task_emb_rows"])
+    c, z, a = CONFIG, io["in_z"], io["in_action"]
+    pair = jnp.asarray(io["in_q_pair"], jnp.int32)
+    close(N.encode(c, params, io["in_obs"], cond), io["out_encode_z"])
+    close(N.next_latent(c, params, z, a, cond), io["out_next_z"])
+    logits = N.reward_logits(c, params, z, a, cond)
+    close(logits, io["out_reward_logits"], atol=1e-5)
+    close(N.decode(c, logits), io["out_reward_value"][:, 0], atol=1e-5)
+    q = N.q_logits(c, params["qs"], z, a, None, cond)
+    close(q, io["out_q_logits"], atol=1e-5)
+    close(N.q_logits(c, target, z, a, None, cond), io["out_q_target_logits"], atol=1e-5)
+    for qs, name in ((params["qs"], "out_q"), (target, "out_q_target")):
+        for reduce in ("min", "avg"):
+            value = N.q_pair_value(c, qs, z, a, pair, None, reduce, cond)
+            close(value, io[f"{name}_{reduce}"][:, 0], atol=1e-5, err=f"{name}_{reduce}")
+    mu, pi, log_pi, log_std = N.policy(c, params, z, io["in_eps_pi"], cond)
+    close(mu, io["out_pi_mu"])
+    close(pi, io["out_pi_action"])
+    close(log_pi, io["out_pi_log_pi"][:, 0], atol=1e-4)
+    close(log_std, io["out_pi_log_std"])
+    single_action_rows = np.asarray(io["in_task"]) == 0  # the padded action entry is exactly 0
+    assert not np.any(np.asarray(pi)[single_action_rows, 1]) and not np.any(
+        np.asarray(log_std)[single_action_rows, 1]
+    )
+    td, parts = core.td_target(
+        c,
+        params,
+        target,
+        io["in_td_next_z"],
+        io["in_td_reward"][..., 0],
+        None,
+        io["in_eps_td"],
+        pair,
+        None,
+        task,
+    )
+    close(core.discount(c, task), io["out_td_discount"][:, 0])
+    close(parts["td_pi_action"], io["out_td_pi_action"])
+    close(td, io["out_td_target"][..., 0], atol=1e-5)
+
+
+def _close_mostly(actual, expected, err, tight=2e-6, loose=3e-4, fraction=1e-3):
+    """All within ``loose`` (below one Adam step, lr 3e-4) and all but ``fraction`` within ``tight``
+    (+1e-4 relative): where a gradient is itself near Adam's eps, float noise changes the step."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    diff = np.abs(actual - expected)
+    assert diff.max() <= loose, (err, float(diff.max()))
+    assert np.mean(diff > tight + 1e-4 * np.abs(expected)) <= fraction, err
+
+
+def test_update_matches_reference():
+    """One offline update on a batch of both tasks: TD targets with each row's discount, the world
+    model's and the policy's steps with the embedding renormalised at lookup, every parameter after."""
+    from tests.parity_helpers import tdmpc2_start_state
+
+    io = load("mt_update_io.npz")
+    meta = json.loads((FIX / "mt_meta.json").read_text())["update"]
+    params, target = start_params()
+    state = tdmpc2_start_state(CONFIG, params, target)
+    batch = {
+        "obs": jnp.asarray(io["in_obs"]),
+        "action": jnp.asarray(io["in_action"]),
+        "reward": jnp.asarray(io["in_reward"][..., 0]),
+        "task": jnp.asarray(io["in_task"], jnp.int32),
+    }
+    noise = core.UpdateNoise(
+        eps_td=jnp.asarray(io["in_eps_td"]),
+        pair_td=jnp.asarray(io["in_pair_td"], jnp.int32),
+        eps_pi=jnp.asarray(io["in_eps_pi"]),
+        pair_pi=jnp.asarray(io["in_pair_pi"], jnp.int32),
+        dropout=None,
+    )
+    state, metrics, aux = jax.jit(core.update_with_noise, static_argnums=0)(CONFIG, state, batch, noise)
+    for name in (
+        "next_z",
+        "td_pi_action",
+        "td_q_target_min",
+        "td_targets",
+        "z0",
+        "q_logits",
+        "reward_logits",
+    ):
+        ref = io[name]
+        close(np.asarray(aux["internals"][name]).reshape(ref.shape), ref, atol=2e-5, err=name)
+    for name in ("pi_step_action", "pi_step_q_avg_unscaled"):
+        ref = io[name]
+        close(np.asarray(aux["internals"][name]).reshape(ref.shape), ref, atol=2e-5, err=name)
+    close(aux["internals"]["pi_step_log_pi"], io["pi_step_log_pi"][..., 0], rtol=1e-4, atol=1e-3)
+    close(state.scale.value, io["scale_value"][0])
+    for ours, theirs in (
+        ("consistency_loss", "consistency_loss"),
+        ("reward_loss", "reward_loss"),
+        ("value_loss", "value_loss"),
+        ("pi_loss", "pi_loss"),
+        ("total_loss", "total_loss"),
+        ("grad_norm", "grad_norm"),
+        ("pi_grad_norm", "pi_grad_norm_preclip"),
+        ("pi_scale", "pi_scale"),
+    ):
+        rel = 1e-4 if ours in ("pi_loss", "pi_grad_norm") else 2e-5
+        assert float(metrics[ours]) == pytest.approx(meta["update"][theirs], rel=rel, abs=1e-6), ours
+    before = load("mt_params_init.npz")
+    before.update({k.replace("_Qs", "_target_Qs"): v for k, v in before.items() if k.startswith("_Qs.")})
+    before.update(load("mt_params_rerand_overrides.npz"))
+    delta = load("mt_params_after_update_delta.npz")
+    after_sd = {k: (v.astype(np.float64) + delta[k]).astype(np.float32) for k, v in before.items()}
+    after, after_target = params_from_state_dict(after_sd)
+    theirs = dict(jax.tree_util.tree_leaves_with_path(after))
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state.params):
+        _close_mostly(leaf, theirs[path], jax.tree_util.keystr(path))
+    norms = np.linalg.norm(np.asarray(state.params["task_emb"]), axis=-1)
+    np.testing.assert_allclose(norms, meta["task_emb_after_update_row_norms"], rtol=1e-6)
+    for a, b in zip(
+        jax.tree_util.tree_leaves(state.target_qs), jax.tree_util.tree_leaves(after_target), strict=True
+    ):
+        _close_mostly(a, b, "target")
