@@ -190,3 +190,62 @@ def test_update_matches_reference():
         jax.tree_util.tree_leaves(state.target_qs), jax.tree_util.tree_leaves(after_target), strict=True
     ):
         _close_mostly(a, b, "target")
+
+
+@pytest.mark.parametrize("task, eval_mode", [(0, False), (1, True)])
+def test_plans_for_each_task_match_reference(task, eval_mode):
+    """MPPI for one task (t0): candidates, means and stds masked to its action dims, values with its
+    float32 discount, the final action (with exploration noise on the true dims only)."""
+    io = load("mt_plan_io.npz")
+    p = f"task{task}_"
+    assert int(io[p + "task"]) == task
+    params, _ = start_params()
+    params = N.renormalise_task_embeddings(params, jnp.asarray([task]))
+    cond = N.task_conditioning(CONFIG, params, jnp.asarray([task]))
+    z = N.encode(CONFIG, params, io[p + "obs"][None], cond)[0]
+    close(z, io[p + "z"][0])
+    final = io[p + "final_eps"] if p + "final_eps" in io else np.zeros(2, np.float32)
+    noise = core.PlanNoise(
+        pi_traj=jnp.asarray(io[p + "pi_traj_eps"]),
+        mppi=jnp.asarray(io[p + "mppi_eps"]),
+        value_pi=jnp.asarray(io[p + "value_pi_eps"]),
+        value_pair=jnp.asarray(io[p + "value_q_pair"], jnp.int32),
+        elite_u=jnp.zeros((), jnp.float32),
+        elite_pick=jnp.asarray(io[p + "elite_pick"], jnp.int32),
+        final=jnp.asarray(final, jnp.float32),
+        dropout=None,
+    )
+    plan = jax.jit(core.plan_with_noise, static_argnums=0)
+    args = (jnp.zeros((3, 2)), jnp.asarray(True), jnp.asarray(eval_mode), noise, jnp.asarray(task))
+    action, mean, it = plan(CONFIG, params, z, *args)
+    close(it["actions"], io[p + "iter_actions"], atol=1e-5)
+    close(it["values"], io[p + "iter_values"][..., 0], rtol=1e-4, atol=1e-4)
+    for name in ("mean_before", "std_before", "mean_after", "std_after"):
+        close(it[name], io[p + "iter_" + name], atol=1e-5, err=name)
+    close(it["score"][-1], io[p + "elite_p"], atol=1e-5)
+    close(mean, io[p + "prev_mean_after"], atol=1e-5)
+    close(action, io[p + "action"], atol=1e-5)
+    if task == 0:
+        assert not np.any(np.asarray(it["actions"])[..., 1]) and float(action[1]) == 0.0
+
+
+def test_act_plans_each_env_for_its_own_task():
+    """act with per-env task ids equals plan_with_noise per env (the batch path adds nothing)."""
+    params, _ = start_params()
+    obs = jnp.asarray(np.random.default_rng(0).normal(size=(2, 5)), jnp.float32)
+    task = jnp.asarray([1, 0], jnp.int32)
+    key = jax.random.PRNGKey(3)
+    act = jax.jit(core.act, static_argnums=(0, 6))
+    actions, means = act(CONFIG, params, obs, jnp.zeros((2, 3, 2)), jnp.ones(2, bool), key, True, task)
+    keys = jax.random.split(key, 2)
+    renormed = N.renormalise_task_embeddings(params, task)
+    for i in range(2):
+        cond = N.task_conditioning(CONFIG, renormed, task[i])
+        z = N.encode(CONFIG, renormed, obs[i], cond)
+        noise = core.sample_plan_noise(CONFIG, keys[i], CONFIG.iterations)
+        a, m, _ = core.plan_with_noise(
+            CONFIG, renormed, z, jnp.zeros((3, 2)), jnp.asarray(True), jnp.asarray(True), noise, task[i]
+        )
+        close(actions[i], a, atol=1e-6)
+        close(means[i], m, atol=1e-6)
+    assert float(actions[1, 1]) == 0.0  # task 0 has one action dimension

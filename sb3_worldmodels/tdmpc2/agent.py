@@ -409,25 +409,30 @@ def estimate_value(
     pi_eps: Array,
     pair: Array,
     dropout_key: Array | None,
+    task: Array | None = None,
 ) -> Array:
     """Σ_t γ^t r̂_t + γ^H·avgQ(z_H, π(z_H)) for candidates ``actions`` (H, S, A) from z (S, L) → (S,).
 
     Episodic: a candidate stops collecting once the termination head fires (tdmpc2.py:127-137@7ec6bc8).
+    Multi-task: ``task`` () is the task id; γ is its float32 discount, its powers taken in float32
+    (tdmpc2.py:89-103@b67b21c).
     """
+    cond = None if task is None else N.task_conditioning(config, params, task)
+    gamma = discount(config, task)
     value = jnp.zeros(z.shape[:-1], jnp.float32)
     done = jnp.zeros(z.shape[:-1], jnp.float32)
-    discount = 1.0
+    weight: float | Array = 1.0
     for t in range(config.horizon):
-        reward = N.decode(config, N.reward_logits(config, params, z, actions[t]))
-        z = N.next_latent(config, params, z, actions[t])
-        value = value + discount * (1.0 - done) * reward
+        reward = N.decode(config, N.reward_logits(config, params, z, actions[t], cond))
+        z = N.next_latent(config, params, z, actions[t], cond)
+        value = value + weight * (1.0 - done) * reward
         if config.episodic:
             fired = (jax.nn.sigmoid(N.termination_logit(config, params, z)) > 0.5).astype(jnp.float32)
             done = jnp.minimum(1.0, done + fired)
-        discount *= config.discount
-    _, action, _, _ = N.policy(config, params, z, pi_eps)
-    q = N.q_pair_value(config, params["qs"], z, action, pair, dropout_key, "avg")
-    return value + discount * (1.0 - done) * q
+        weight *= gamma
+    _, action, _, _ = N.policy(config, params, z, pi_eps, cond)
+    q = N.q_pair_value(config, params["qs"], z, action, pair, dropout_key, "avg", cond)
+    return value + weight * (1.0 - done) * q
 
 
 def plan_with_noise(
@@ -438,12 +443,15 @@ def plan_with_noise(
     first: Array,
     eval_mode: Array,
     noise: PlanNoise,
+    task: Array | None = None,
 ) -> tuple[Array, Array, dict[str, Array]]:
     """MPPI for one env (``tdmpc2.py:105-167``).
 
     Args:
         z: (L,) latent of the current observation; prev_mean: (H, A) the previous plan's mean.
         first: () bool, the episode's first step (no warm start); eval_mode: () bool, no final noise.
+        task: () task id (multi-task): the candidates, means and stds are masked to its action
+            dimensions (tdmpc2.py:141-142,156-158@b67b21c).
 
     Returns:
         (action (A,) in [−1, 1], the new plan mean (H, A), per-iteration internals).
@@ -451,13 +459,14 @@ def plan_with_noise(
     h, a = config.horizon, config.action_dim
     p, s, e = config.num_pi_trajs, config.num_samples, config.num_elites
 
+    cond = None if task is None else N.task_conditioning(config, params, task)
     zp = jnp.broadcast_to(z, (p, z.shape[-1]))
     pi_steps = []
     for t in range(h):
-        _, act, _, _ = N.policy(config, params, zp, noise.pi_traj[t])
+        _, act, _, _ = N.policy(config, params, zp, noise.pi_traj[t], cond)
         pi_steps.append(act)
         if t < h - 1:
-            zp = N.next_latent(config, params, zp, act)
+            zp = N.next_latent(config, params, zp, act, cond)
     pi_actions = jnp.stack(pi_steps)  # (H, P, A)
 
     warm = jnp.concatenate([prev_mean[1:], jnp.zeros((1, a), jnp.float32)], 0)
@@ -470,7 +479,9 @@ def plan_with_noise(
         mppi_eps, pi_eps, pair, drop = xs
         sampled = jnp.clip(mean[:, None] + std[:, None] * mppi_eps, -1.0, 1.0)
         actions = jnp.concatenate([pi_actions, sampled], 1)  # (H, S, A)
-        value = estimate_value(config, params, zs, actions, pi_eps, pair, drop)
+        if cond is not None:
+            actions = actions * cond.mask
+        value = estimate_value(config, params, zs, actions, pi_eps, pair, drop, task)
         value = jnp.nan_to_num(value, nan=0.0)
         elite_value, elite_idxs = jax.lax.top_k(value, e)
         elite_actions = actions[:, elite_idxs]  # (H, E, A)
@@ -480,6 +491,8 @@ def plan_with_noise(
         new_mean = jnp.sum(score[:, None] * elite_actions, 1) / total
         new_std = jnp.sqrt(jnp.sum(score[:, None] * jnp.square(elite_actions - new_mean[:, None]), 1) / total)
         new_std = jnp.clip(new_std, config.min_std, config.max_std)
+        if cond is not None:
+            new_mean, new_std = new_mean * cond.mask, new_std * cond.mask
         out = {
             "mean_before": mean,
             "std_before": std,
@@ -537,21 +550,33 @@ def act(
     first: Array,
     key: Array,
     eval_mode: bool = False,
+    task: Array | None = None,
 ) -> tuple[Array, Array]:
     """Encode n observations (n, O) and plan for each env: returns actions (n, A) and plan means (n, H, A).
 
     ``prev_mean`` (n, H, A) is each env's previous plan; ``first`` (n,) bool restarts it (t0).
-    ``key`` is one PRNG key (2,), split into one per env, or the envs' own keys (n, 2).
+    ``key`` is one PRNG key (2,), split into one per env, or the envs' own keys (n, 2). Multi-task:
+    ``task`` (n,) int32 gives each env's task id; the embedding rows are renormalised as at the
+    reference's lookups, for this call only (docs/deviations.md T16).
     """
-    z = N.encode(config, params, obs)
+    if task is not None:
+        params = N.renormalise_task_embeddings(params, task)
+    z = N.encode(config, params, obs, None if task is None else N.task_conditioning(config, params, task))
     keys = key if key.ndim == 2 else jax.random.split(key, obs.shape[0])
     noise = jax.vmap(lambda k: sample_plan_noise(config, k, config.iterations))(keys)
+    if task is None:
 
-    def one(z: Array, prev: Array, f: Array, nz: PlanNoise) -> tuple[Array, Array]:
-        action, mean, _ = plan_with_noise(config, params, z, prev, f, jnp.asarray(eval_mode), nz)
+        def one(z: Array, prev: Array, f: Array, nz: PlanNoise) -> tuple[Array, Array]:
+            action, mean, _ = plan_with_noise(config, params, z, prev, f, jnp.asarray(eval_mode), nz)
+            return action, mean
+
+        return jax.vmap(one)(z, prev_mean, first, noise)
+
+    def one_task(z: Array, prev: Array, f: Array, nz: PlanNoise, k: Array) -> tuple[Array, Array]:
+        action, mean, _ = plan_with_noise(config, params, z, prev, f, jnp.asarray(eval_mode), nz, k)
         return action, mean
 
-    return jax.vmap(one)(z, prev_mean, first, noise)
+    return jax.vmap(one_task)(z, prev_mean, first, noise, task)
 
 
 def random_actions(key: Array, n: int, action_dim: int) -> Array:
