@@ -16,6 +16,15 @@ from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks as N
 from sb3_worldmodels.tdmpc2.config import preset
 from sb3_worldmodels.tdmpc2.reference_weights import params_from_state_dict
+from tests.parity_helpers import (  # noqa: F401 (highest_precision: a fixture)
+    close,
+    close_mostly,
+    highest_precision,
+    load_npz,
+    tdmpc2_plan_noise,
+    tdmpc2_start_state,
+    tdmpc2_update_noise,
+)
 
 FIX = Path(__file__).parent / "fixtures" / "tdmpc2"
 CONFIG = preset(
@@ -28,12 +37,10 @@ CONFIG = preset(
     action_dims=(1, 2),
     episode_lengths=(500, 100),
 )
-RTOL, ATOL = 1e-5, 1e-6
 
 
 def load(name: str) -> dict[str, np.ndarray]:
-    with np.load(FIX / name) as data:
-        return {k: data[k] for k in data.files}
+    return load_npz(FIX / name)
 
 
 def start_params() -> tuple[dict, dict]:
@@ -44,14 +51,7 @@ def start_params() -> tuple[dict, dict]:
     return params_from_state_dict(sd)
 
 
-def close(actual, expected, rtol=RTOL, atol=ATOL, err=""):
-    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol, err_msg=err)
-
-
-@pytest.fixture(autouse=True)
-def _highest_precision():
-    with jax.default_matmul_precision("highest"):
-        yield
+pytestmark = pytest.mark.usefixtures("highest_precision")
 
 
 def test_config_matches_the_recorded_model():
@@ -115,20 +115,9 @@ def test_heads_with_task_embeddings_and_masks_match_reference():
     close(td, io["out_td_target"][..., 0], atol=1e-5)
 
 
-def _close_mostly(actual, expected, err, tight=2e-6, loose=3e-4, fraction=1e-3):
-    """All within ``loose`` (below one Adam step, lr 3e-4) and all but ``fraction`` within ``tight``
-    (+1e-4 relative): where a gradient is itself near Adam's eps, float noise changes the step."""
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    diff = np.abs(actual - expected)
-    assert diff.max() <= loose, (err, float(diff.max()))
-    assert np.mean(diff > tight + 1e-4 * np.abs(expected)) <= fraction, err
-
-
 def test_update_matches_reference():
     """One offline update on a batch of both tasks: TD targets with each row's discount, the world
     model's and the policy's steps with the embedding renormalised at lookup, every parameter after."""
-    from tests.parity_helpers import tdmpc2_start_state
-
     io = load("mt_update_io.npz")
     meta = json.loads((FIX / "mt_meta.json").read_text())["update"]
     params, target = start_params()
@@ -139,13 +128,7 @@ def test_update_matches_reference():
         "reward": jnp.asarray(io["in_reward"][..., 0]),
         "task": jnp.asarray(io["in_task"], jnp.int32),
     }
-    noise = core.UpdateNoise(
-        eps_td=jnp.asarray(io["in_eps_td"]),
-        pair_td=jnp.asarray(io["in_pair_td"], jnp.int32),
-        eps_pi=jnp.asarray(io["in_eps_pi"]),
-        pair_pi=jnp.asarray(io["in_pair_pi"], jnp.int32),
-        dropout=None,
-    )
+    noise = tdmpc2_update_noise(io)
     state, metrics, aux = jax.jit(core.update_with_noise, static_argnums=0)(CONFIG, state, batch, noise)
     for name in (
         "next_z",
@@ -183,13 +166,13 @@ def test_update_matches_reference():
     after, after_target = params_from_state_dict(after_sd)
     theirs = dict(jax.tree_util.tree_leaves_with_path(after))
     for path, leaf in jax.tree_util.tree_leaves_with_path(state.params):
-        _close_mostly(leaf, theirs[path], jax.tree_util.keystr(path))
+        close_mostly(leaf, theirs[path], jax.tree_util.keystr(path))
     norms = np.linalg.norm(np.asarray(state.params["task_emb"]), axis=-1)
     np.testing.assert_allclose(norms, meta["task_emb_after_update_row_norms"], rtol=1e-6)
     for a, b in zip(
         jax.tree_util.tree_leaves(state.target_qs), jax.tree_util.tree_leaves(after_target), strict=True
     ):
-        _close_mostly(a, b, "target")
+        close_mostly(a, b, "target")
 
 
 @pytest.mark.parametrize("task, eval_mode", [(0, False), (1, True)])
@@ -204,17 +187,7 @@ def test_plans_for_each_task_match_reference(task, eval_mode):
     cond = N.task_conditioning(CONFIG, params, jnp.asarray([task]))
     z = N.encode(CONFIG, params, io[p + "obs"][None], cond)[0]
     close(z, io[p + "z"][0])
-    final = io[p + "final_eps"] if p + "final_eps" in io else np.zeros(2, np.float32)
-    noise = core.PlanNoise(
-        pi_traj=jnp.asarray(io[p + "pi_traj_eps"]),
-        mppi=jnp.asarray(io[p + "mppi_eps"]),
-        value_pi=jnp.asarray(io[p + "value_pi_eps"]),
-        value_pair=jnp.asarray(io[p + "value_q_pair"], jnp.int32),
-        elite_u=jnp.zeros((), jnp.float32),
-        elite_pick=jnp.asarray(io[p + "elite_pick"], jnp.int32),
-        final=jnp.asarray(final, jnp.float32),
-        dropout=None,
-    )
+    noise = tdmpc2_plan_noise(io, p, CONFIG.action_dim)
     plan = jax.jit(core.plan_with_noise, static_argnums=0)
     args = (jnp.zeros((3, 2)), jnp.asarray(True), jnp.asarray(eval_mode), noise, jnp.asarray(task))
     action, mean, it = plan(CONFIG, params, z, *args)

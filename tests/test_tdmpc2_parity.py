@@ -16,18 +16,24 @@ from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks as N
 from sb3_worldmodels.tdmpc2.config import discount_from_episode_length, preset
 from sb3_worldmodels.tdmpc2.reference_weights import params_from_state_dict
-from tests.parity_helpers import tdmpc2_start_state
+from tests.parity_helpers import (  # noqa: F401 (highest_precision: a fixture)
+    close,
+    close_mostly,
+    highest_precision,
+    load_npz,
+    tdmpc2_plan_noise,
+    tdmpc2_start_state,
+    tdmpc2_update_noise,
+)
 
 FIX = Path(__file__).parent / "fixtures" / "tdmpc2"
 # The fixtures' configuration: size 1, obs 3, action 1, episode length 500, batch 8, dropout disabled.
 CONFIG = preset(1, obs_dim=3, action_dim=1, batch_size=8, discount=0.99, q_dropout="off")
 EPISODIC = CONFIG.replace(episodic=True)
-RTOL, ATOL = 1e-5, 1e-6
 
 
 def load(name: str) -> dict[str, np.ndarray]:
-    with np.load(FIX / name) as data:
-        return {k: data[k] for k in data.files}
+    return load_npz(FIX / name)
 
 
 def rerandomised(episodic: bool = False) -> tuple[dict, dict]:
@@ -38,14 +44,7 @@ def rerandomised(episodic: bool = False) -> tuple[dict, dict]:
     return params_from_state_dict(sd, episodic)
 
 
-def close(actual, expected, rtol=RTOL, atol=ATOL, err=""):
-    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol, err_msg=err)
-
-
-@pytest.fixture(autouse=True)
-def _highest_precision():
-    with jax.default_matmul_precision("highest"):
-        yield
+pytestmark = pytest.mark.usefixtures("highest_precision")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -177,29 +176,6 @@ def test_dropout_masks_of_either_generator(masks):
 _start_state = tdmpc2_start_state
 
 
-def _noise(io: dict, prefix: str) -> core.UpdateNoise:
-    return core.UpdateNoise(
-        eps_td=jnp.asarray(io[f"{prefix}in_eps_td"]),
-        pair_td=jnp.asarray(io[f"{prefix}in_pair_td"], jnp.int32),
-        eps_pi=jnp.asarray(io[f"{prefix}in_eps_pi"]),
-        pair_pi=jnp.asarray(io[f"{prefix}in_pair_pi"], jnp.int32),
-        dropout=None,
-    )
-
-
-def _close_mostly(actual, expected, err, tight=2e-6, loose=3e-4, fraction=1e-3):
-    """All elements within ``loose`` and all but ``fraction`` of them within ``tight`` (+1e-4 relative).
-
-    Adam moves every weight by about lr·g/(|g| + 1e-8): where a gradient is itself near 1e-8, float
-    noise in g changes the step (measured: a few reward/Q kernel entries off by up to 2.4e-4 after
-    three updates, every other entry within 3e-6). ``loose`` stays below one step (lr 3e-4).
-    """
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    diff = np.abs(actual - expected)
-    assert diff.max() <= loose, (err, float(diff.max()))
-    assert np.mean(diff > tight + 1e-4 * np.abs(expected)) <= fraction, err
-
-
 def test_three_updates_match_reference():
     params, target = rerandomised()
     state = _start_state(CONFIG, params, target)
@@ -222,13 +198,13 @@ def test_three_updates_match_reference():
             "action": jnp.asarray(io[p + "in_action"]),
             "reward": jnp.asarray(io[p + "in_reward"][..., 0]),
         }
-        state, metrics, aux = update(CONFIG, state, batch, _noise(io, p))
+        state, metrics, aux = update(CONFIG, state, batch, tdmpc2_update_noise(io, p))
         for name in names:
             ref = io[p + name]
             ours = np.asarray(aux["internals"][name]).reshape(ref.shape)
             if k == 1:  # same parameters in: float32 agreement
                 close(ours, ref, atol=2e-5, err=f"{name} {k}")
-            else:  # parameters after Adam steps (see _close_mostly)
+            else:  # parameters after Adam steps (see close_mostly)
                 close(ours, ref, rtol=1e-4, atol=5e-4, err=f"{name} {k}")
         close(aux["internals"]["pi_step_log_pi"], io[p + "pi_step_log_pi"][..., 0], rtol=1e-4, atol=1e-3)
         close(state.scale.value, io[p + "scale_value"][0])
@@ -249,30 +225,16 @@ def test_three_updates_match_reference():
     after, after_target = params_from_state_dict(load("params_after_update3.npz"))
     theirs = dict(jax.tree_util.tree_leaves_with_path(after))
     for path, leaf in jax.tree_util.tree_leaves_with_path(state.params):
-        _close_mostly(leaf, theirs[path], jax.tree_util.keystr(path))
+        close_mostly(leaf, theirs[path], jax.tree_util.keystr(path))
     for a, b in zip(
         jax.tree_util.tree_leaves(state.target_qs), jax.tree_util.tree_leaves(after_target), strict=True
     ):
-        _close_mostly(a, b, "target")
+        close_mostly(a, b, "target")
 
 
 # ------------------------------------------------------------------------------------------------
 # Planner
 # ------------------------------------------------------------------------------------------------
-
-
-def _plan_noise(io: dict, p: str, a: int) -> core.PlanNoise:
-    final = io[p + "final_eps"] if p + "final_eps" in io else np.zeros(a, np.float32)
-    return core.PlanNoise(
-        pi_traj=jnp.asarray(io[p + "pi_traj_eps"]),
-        mppi=jnp.asarray(io[p + "mppi_eps"]),
-        value_pi=jnp.asarray(io[p + "value_pi_eps"]),
-        value_pair=jnp.asarray(io[p + "value_q_pair"], jnp.int32),
-        elite_u=jnp.zeros((), jnp.float32),
-        elite_pick=jnp.asarray(io[p + "elite_pick"], jnp.int32),
-        final=jnp.asarray(final, jnp.float32),
-        dropout=None,
-    )
 
 
 def _check_plan(config, params, io, p, first, eval_mode, prev_mean):
@@ -286,7 +248,7 @@ def _check_plan(config, params, io, p, first, eval_mode, prev_mean):
         prev_mean,
         jnp.asarray(first),
         jnp.asarray(eval_mode),
-        _plan_noise(io, p, config.action_dim),
+        tdmpc2_plan_noise(io, p, config.action_dim),
     )
     close(it["actions"], io[p + "iter_actions"], atol=1e-5)
     close(it["values"], io[p + "iter_values"][..., 0], rtol=1e-4, atol=1e-4)

@@ -21,7 +21,13 @@ from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks as N
 from sb3_worldmodels.tdmpc2.config import preset
 from sb3_worldmodels.tdmpc2.reference_weights import params_from_state_dict
-from tests.parity_helpers import tdmpc2_start_state
+from tests.parity_helpers import (  # noqa: F401 (highest_precision: a fixture)
+    close,
+    close_mostly,
+    highest_precision,
+    load_npz,
+    tdmpc2_start_state,
+)
 
 FIX = Path(__file__).parent / "fixtures" / "tdmpc2"
 SIZE1 = preset(1, obs_dim=3, action_dim=1, batch_size=8, discount=0.99, q_dropout="off")
@@ -29,22 +35,14 @@ FULL_MAX = 8192  # tensors up to this size are stored whole, larger ones at [::s
 
 
 def load(name: str) -> dict[str, np.ndarray]:
-    with np.load(FIX / name) as data:
-        return {k: data[k] for k in data.files}
+    return load_npz(FIX / name)
 
 
 def meta(name: str) -> dict:
     return json.loads((FIX / name).read_text())
 
 
-def close(actual, expected, rtol=1e-5, atol=1e-6, err=""):
-    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol, err_msg=err)
-
-
-@pytest.fixture(autouse=True)
-def _highest_precision():
-    with jax.default_matmul_precision("highest"):
-        yield
+pytestmark = pytest.mark.usefixtures("highest_precision")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -87,19 +85,6 @@ def _signs(n: int) -> np.ndarray:
     return np.where(((i * 2654435761) & 0xFFFFFFFF) >> 31 == 0, 1.0, -1.0)
 
 
-def _close_mostly(actual, expected, err, tight=5e-6, loose=3e-4, fraction=1e-3):
-    """All elements within ``loose``, all but ``fraction`` of them (or 2) within ``tight`` + 1e-4 relative.
-
-    Adam moves a weight by about lr·m̂/(sqrt(v̂) + eps): where the gradient is itself near eps, float
-    noise in it changes the step (as in tests/test_tdmpc2_parity.py); ``loose`` stays below one step.
-    """
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    diff = np.abs(actual - expected)
-    assert diff.max() <= loose, (err, float(diff.max()))
-    bad = diff > tight + 1e-4 * np.abs(expected)
-    assert bad.sum() <= max(2, fraction * bad.size), (err, int(bad.sum()), bad.size, float(diff.max()))
-
-
 def check_params(
     ckpt: dict, prefix: str, start: dict, ours: dict, stride: int, err: str, pi_rel: float = 0.0
 ) -> None:
@@ -111,7 +96,7 @@ def check_params(
         d = np.asarray(ours[name], np.float64) - np.asarray(s, np.float64)
         flat = d.ravel()
         got = d if d.size <= FULL_MAX else flat[::stride]
-        _close_mostly(got, ckpt[f"{prefix}delta__{name}"], f"{err} {name}")
+        close_mostly(got, ckpt[f"{prefix}delta__{name}"], f"{err} {name}", tight=5e-6)
         digest = np.array([flat.sum(), np.abs(flat).sum(), (flat * _signs(flat.size)).sum()])
         ref = ckpt[f"{prefix}digest__{name}"]
         # The sums collect the elementwise differences of all elements: a few near-eps Adam steps,
@@ -166,8 +151,8 @@ def check_update(k: int, io: dict, metrics: dict, aux: dict, ref: dict, skip=())
 
     What the world-model step computes from the incoming parameters agrees to float32 rounding in
     update 1. Everything after an Adam step (the policy step's Q, later updates) also carries the
-    near-eps Adam differences (see :func:`_close_mostly`), which the large output layers of these
-    states amplify: measured up to 2.5e-4 relative, hence 1e-3.
+    near-eps Adam differences (see :func:`~tests.parity_helpers.close_mostly`), which the large output
+    layers of these states amplify: measured up to 2.5e-4 relative, hence 1e-3.
     """
     p = f"u{k}_"
     internals = aux["internals"]
