@@ -222,3 +222,73 @@ def test_act_plans_each_env_for_its_own_task():
         close(actions[i], a, atol=1e-6)
         close(means[i], m, atol=1e-6)
     assert float(actions[1, 1]) == 0.0  # task 0 has one action dimension
+
+
+def _write_export(path, rng, obs_dim, action_dim, episodes, length, reward_fn):
+    """A task's episode export (the documented format) of random-action episodes of a linear system."""
+    obs, action, reward, starts = [], [], [], [0]
+    for _ in range(episodes):
+        o = rng.normal(size=obs_dim).astype(np.float32)
+        obs.append(o), action.append(np.zeros(action_dim, np.float32)), reward.append(np.float32(0))
+        for _ in range(length):
+            a = rng.uniform(-1, 1, action_dim).astype(np.float32)
+            o = (0.9 * o + 0.3 * np.resize(a, obs_dim)).astype(np.float32)
+            obs.append(o), action.append(a), reward.append(np.float32(reward_fn(o, a)))
+        starts.append(len(obs))
+    np.savez(
+        path,
+        format="sb3_worldmodels.episodes",
+        version=1,
+        obs_dim=obs_dim,
+        action_dim=action_dim,
+        episode_length=length,
+        obs=np.stack(obs),
+        action=np.stack(action),
+        reward=np.asarray(reward, np.float32),
+        episode_starts=np.asarray(starts, np.int64),
+    )
+    return path
+
+
+def test_offline_training_on_a_pool_of_two_tasks_fits_each_tasks_rewards(tmp_path):
+    """Offline updates on windows of a pool (obs 3 / action 1 and obs 5 / action 2): the world model
+    learns rewards that depend on the task (same observation features, opposite signs)."""
+    from sb3_worldmodels import pool_tasks
+    from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS
+
+    rng = np.random.default_rng(0)
+    sources = {
+        "up": _write_export(tmp_path / "up.npz", rng, 3, 1, 6, 30, lambda o, a: o[0]),
+        "down": _write_export(tmp_path / "down.npz", rng, 5, 2, 6, 30, lambda o, a: -o[0] + a[1]),
+    }
+    pool = pool_tasks(sources, tmp_path / "pool")
+    settings = {k: v for k, v in SMOKE_SETTINGS.items() if k != "model_size"}
+    config = preset(
+        1,
+        **{**settings, "batch_size": 64},
+        obs_dim=pool.obs_dim,
+        action_dim=pool.action_dim,
+        task_dim=8,
+        action_dims=pool.action_dims,
+        episode_lengths=pool.episode_lengths,
+    )
+    state = core.init_state(config, jax.random.PRNGKey(0))
+    train = jax.jit(core.train_many, static_argnums=0)
+    losses = []
+    for _ in range(30):
+        samples = [pool.sample(rng, config.batch_size, config.horizon) for _ in range(10)]
+        batches = {k: jnp.asarray(np.stack([s[k] for s in samples])) for k in samples[0]}
+        state, metrics = train(config, state, batches)
+        losses.append(float(np.mean(metrics["reward_loss"])))
+    assert int(state.updates) == 300
+    assert np.all(np.isfinite(losses)) and losses[-1] < 0.6 * losses[0], losses
+    params = state.params
+    for task in (0, 1):  # each task's predicted rewards follow its own rewards
+        batch = pool.sample(np.random.default_rng(task + 10), 256, config.horizon)
+        ids = np.flatnonzero(batch["task"] == task)
+        cond = N.task_conditioning(config, params, jnp.asarray(batch["task"][ids]))
+        z = N.encode(config, params, batch["obs"][0, ids], cond)
+        predicted = N.decode(config, N.reward_logits(config, params, z, batch["action"][0, ids], cond))
+        corr = np.corrcoef(np.asarray(predicted), batch["reward"][0, ids])[0, 1]
+        assert corr > 0.5, (task, corr)
+    assert np.all(np.linalg.norm(np.asarray(state.params["task_emb"]), axis=-1) <= 1.0 + 1e-3)

@@ -2,5 +2,15 @@
 
 from sb3_worldmodels.tdmpc2.algorithm import TDMPC2
 from sb3_worldmodels.tdmpc2.config import MODEL_SIZES, TDMPC2Config, preset
+from sb3_worldmodels.tdmpc2.dataset import TaskPool, export_episodes, load_pool, pool_tasks
 
-__all__ = ["MODEL_SIZES", "TDMPC2", "TDMPC2Config", "preset"]
+__all__ = [
+    "MODEL_SIZES",
+    "TDMPC2",
+    "TDMPC2Config",
+    "TaskPool",
+    "export_episodes",
+    "load_pool",
+    "pool_tasks",
+    "preset",
+]
