@@ -3,7 +3,15 @@
 from sb3_worldmodels.common.callbacks import WorldModelCallback
 from sb3_worldmodels.common.envs import ActionRepeat, FlattenDictObservation, make_dmc_env
 from sb3_worldmodels.dreamerv3 import DreamerV3, DreamerV3Config
-from sb3_worldmodels.tdmpc2 import TDMPC2, TaskPool, TDMPC2Config, export_episodes, load_pool, pool_tasks
+from sb3_worldmodels.tdmpc2 import (
+    TDMPC2,
+    TaskPool,
+    TDMPC2Config,
+    TDMPC2MultiTask,
+    export_episodes,
+    load_pool,
+    pool_tasks,
+)
 
 __version__ = "0.1.0"
 __all__ = [
@@ -13,6 +21,7 @@ __all__ = [
     "DreamerV3Config",
     "FlattenDictObservation",
     "TDMPC2Config",
+    "TDMPC2MultiTask",
     "TaskPool",
     "WorldModelCallback",
     "__version__",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -292,3 +293,107 @@ def test_offline_training_on_a_pool_of_two_tasks_fits_each_tasks_rewards(tmp_pat
         corr = np.corrcoef(np.asarray(predicted), batch["reward"][0, ids])[0, 1]
         assert corr > 0.5, (task, corr)
     assert np.all(np.linalg.norm(np.asarray(state.params["task_emb"]), axis=-1) <= 1.0 + 1e-3)
+
+
+class _LinearTask(gym.Env):
+    """A task of the pool above as an env: obs' = 0.9 obs + 0.3 a (tiled), 10 steps."""
+
+    def __init__(self, obs_dim: int, action_dim: int) -> None:
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (action_dim,), np.float32)
+        self._obs, self._t = np.zeros(obs_dim, np.float32), 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._obs, self._t = self.np_random.normal(size=self._obs.shape).astype(np.float32), 0
+        return self._obs.copy(), {}
+
+    def step(self, action):
+        self._obs = (0.9 * self._obs + 0.3 * np.resize(action, self._obs.shape)).astype(np.float32)
+        self._t += 1
+        return self._obs.copy(), float(self._obs[0]), False, self._t >= 10, {}
+
+
+@pytest.fixture(scope="module")
+def small_pool(tmp_path_factory):
+    from sb3_worldmodels import pool_tasks
+
+    folder = tmp_path_factory.mktemp("mt")
+    rng = np.random.default_rng(1)
+    sources = {
+        "up": _write_export(folder / "up.npz", rng, 3, 1, 4, 20, lambda o, a: o[0]),
+        "down": _write_export(folder / "down.npz", rng, 5, 2, 4, 20, lambda o, a: -o[0] + a[1]),
+    }
+    return pool_tasks(sources, folder / "pool")
+
+
+def _tiny_multitask(pool, **kwargs):
+    from sb3_worldmodels import TDMPC2MultiTask
+    from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS
+
+    settings = {k: v for k, v in SMOKE_SETTINGS.items() if k not in ("model_size", "batch_size")}
+    return TDMPC2MultiTask(pool, model_size=1, batch_size=16, task_dim=8, seed=0, **settings, **kwargs)
+
+
+def test_multitask_learn_counts_updates_with_callbacks_logger_and_progress_bar(small_pool, tmp_path):
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Count(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.steps, self.started, self.ended = 0, False, False
+
+        def _on_training_start(self):
+            self.started = True
+
+        def _on_step(self):
+            self.steps += 1
+            return self.num_timesteps < 7  # stop after the 7th update
+
+        def _on_training_end(self):
+            self.ended = True
+
+    model = _tiny_multitask(small_pool, tensorboard_log=str(tmp_path / "tb"))
+    assert model.tasks == ("up", "down") and model.config.action_dims == (1, 2)
+    assert model.config.episode_lengths == (20, 20)
+    counter = Count()
+    model.learn(20, callback=counter, log_interval=5, progress_bar=True)
+    assert counter.started and counter.ended and counter.steps == 7 and model.num_timesteps == 7
+    assert int(model.state.updates) == 7
+    model.learn(3, reset_num_timesteps=False)
+    assert model.num_timesteps == 10 and int(model.state.updates) == 10
+    assert list((tmp_path / "tb").glob("*/events.out.tfevents.*"))
+
+
+def test_multitask_predict_evaluate_save_load(small_pool, tmp_path):
+    model = _tiny_multitask(small_pool)
+    model.learn(5)
+    obs_up, obs_down = np.ones(3, np.float32), np.ones((2, 5), np.float32)
+    action, (mean,) = model.predict(obs_up, "up", deterministic=True)
+    assert action.shape == (1,) and mean.shape == (1, 3, 2) and not np.any(mean[..., 1])
+    again, _ = model.predict(obs_up, "up", deterministic=True)
+    np.testing.assert_array_equal(action, again)  # same inputs, same action
+    actions, _ = model.predict(obs_down, "down")
+    assert actions.shape == (2, 2) and np.all(np.abs(actions) <= 1.0)
+    scores = model.evaluate({"up": _LinearTask(3, 1), "down": _LinearTask(5, 2)}, n_eval_episodes=1)
+    assert set(scores) == {"up", "down", "mean"}
+    assert scores["mean"] == pytest.approx((scores["up"] + scores["down"]) / 2)
+
+    model.save(tmp_path / "mt.npz")
+    loaded = type(model).load(tmp_path / "mt.npz")
+    assert loaded.tasks == model.tasks and loaded.config == model.config and loaded.num_timesteps == 5
+    np.testing.assert_array_equal(loaded.predict(obs_up, "up", deterministic=True)[0], action)
+    with pytest.raises(ValueError, match="No pool"):
+        loaded.learn(1)
+    loaded.learn(2, data=small_pool, reset_num_timesteps=False)
+    assert loaded.num_timesteps == 7
+
+    with pytest.raises(ValueError, match="Unknown task 'sideways'"):
+        model.predict(obs_up, "sideways")
+    with pytest.raises(ValueError, match="3 wide"):
+        model.predict(np.ones(5, np.float32), "up")
+    with pytest.raises(ValueError, match="task 'down'"):
+        model.evaluate({"down": _LinearTask(3, 1)})
+    (tmp_path / "foreign.npz").write_bytes(b"not a model")
+    with pytest.raises(ValueError):
+        type(model).load(tmp_path / "foreign.npz")

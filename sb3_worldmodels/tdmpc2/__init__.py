@@ -3,11 +3,13 @@
 from sb3_worldmodels.tdmpc2.algorithm import TDMPC2
 from sb3_worldmodels.tdmpc2.config import MODEL_SIZES, TDMPC2Config, preset
 from sb3_worldmodels.tdmpc2.dataset import TaskPool, export_episodes, load_pool, pool_tasks
+from sb3_worldmodels.tdmpc2.multitask import TDMPC2MultiTask
 
 __all__ = [
     "MODEL_SIZES",
     "TDMPC2",
     "TDMPC2Config",
+    "TDMPC2MultiTask",
     "TaskPool",
     "export_episodes",
     "load_pool",

@@ -1,0 +1,342 @@
+"""TDMPC2MultiTask: one TD-MPC2 model for several tasks, trained offline on a task pool.
+
+The reference's multi-task agent (nicklashansen/tdmpc2 @b67b21c): a learned task embedding conditions
+every network, observations and actions are padded to the widest task, each task keeps its own action
+mask and discount (:mod:`sb3_worldmodels.tdmpc2.networks`), and training is offline: gradient updates
+on windows of a fixed dataset, no env interaction and no planning (offline_trainer.py:73-90@b67b21c).
+
+``learn(n)`` runs ``n`` gradient updates (``num_timesteps`` counts updates) with SB3's callbacks,
+logger and progress bar; ``predict`` plans for one named task; ``evaluate`` runs each task's env.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ProgressBarCallback
+from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.utils import configure_logger
+
+from sb3_worldmodels.common import safe_io
+from sb3_worldmodels.tdmpc2 import agent as core
+from sb3_worldmodels.tdmpc2.config import TDMPC2Config, preset
+from sb3_worldmodels.tdmpc2.dataset import TaskPool, load_pool
+
+MT30_SMALL_EMBEDDING_SIZES = (5, 19, 48)
+"""Model sizes whose task embedding is 64 wide on mt30 (common/parser.py:55-56@b67b21c); else 96."""
+
+FORMAT = "sb3_worldmodels.tdmpc2_multitask"
+FORMAT_VERSION = 1
+
+
+def default_task_dim(num_tasks: int, model_size: int) -> int:
+    """The reference's ``task_dim``: 64 for the 30 tasks of mt30 at sizes 5, 19 and 48, else 96."""
+    return 64 if num_tasks == 30 and model_size in MT30_SMALL_EMBEDDING_SIZES else 96
+
+
+class _UpdatesProgressBar(ProgressBarCallback):
+    """SB3's progress bar, advanced by one gradient update per step (there is no env)."""
+
+    def _on_step(self) -> bool:
+        self.pbar.update(1)
+        return True
+
+
+class TDMPC2MultiTask:
+    """One TD-MPC2 model for the tasks of a pool, trained offline.
+
+    :param data: a :class:`~sb3_worldmodels.tdmpc2.dataset.TaskPool` or the path of one; its tasks,
+        their observation/action widths and episode lengths set the model (None only when loading).
+    :param model_size: 1, 5, 19, 48 or 317 (the reference's sizes).
+    :param batch_size: windows per update (the reference's default 256; its multi-task examples 1024).
+    :param learning_rate: of both Adams (the encoder's scaled by ``enc_lr_scale``).
+    :param task_dim: embedding width; default :func:`default_task_dim`.
+    :param seed: seeds the parameters, the update noise and the window sampling.
+    :param config_overrides: other :class:`~sb3_worldmodels.tdmpc2.config.TDMPC2Config` fields.
+    """
+
+    def __init__(
+        self,
+        data: TaskPool | str | os.PathLike[str] | None,
+        model_size: int = 1,
+        batch_size: int = 256,
+        learning_rate: float = 3e-4,
+        task_dim: int | None = None,
+        seed: int | None = None,
+        verbose: int = 0,
+        tensorboard_log: str | None = None,
+        tasks: tuple[str, ...] | None = None,
+        _config: TDMPC2Config | None = None,
+        **config_overrides: Any,
+    ) -> None:
+        self.pool = data if isinstance(data, TaskPool) or data is None else load_pool(data)
+        if _config is None:
+            if self.pool is None:
+                raise ValueError(
+                    "TDMPC2MultiTask needs data: a TaskPool or the path of one (see pool_tasks)."
+                )
+            _config = preset(
+                model_size,
+                obs_dim=self.pool.obs_dim,
+                action_dim=self.pool.action_dim,
+                batch_size=batch_size,
+                learning_rate=learning_rate,
+                task_dim=task_dim or default_task_dim(self.pool.num_tasks, model_size),
+                action_dims=self.pool.action_dims,
+                episode_lengths=self.pool.episode_lengths,
+                **config_overrides,
+            )
+            tasks = self.pool.tasks
+        self.config = _config
+        self.tasks: tuple[str, ...] = tuple(tasks or ())
+        self._obs_dims = self.pool.obs_dims if self.pool is not None else ()
+        self.model_size = model_size
+        self.seed = int(np.random.default_rng().integers(2**31)) if seed is None else int(seed)
+        self.verbose = verbose
+        self.tensorboard_log = tensorboard_log
+        self.state = core.init_state(self.config, jax.random.PRNGKey(self.seed))
+        self._rng = np.random.default_rng(self.seed)
+        self.num_timesteps = 0
+        self._predict_calls = 0
+        self._logger: Logger | None = None
+        self._check_pool(self.pool)
+
+    # ------------------------------------------------------------------ tasks
+    def task_id(self, task: str) -> int:
+        if task not in self.tasks:
+            raise ValueError(f"Unknown task {task!r}; this model's tasks are {list(self.tasks)}.")
+        return self.tasks.index(task)
+
+    def _check_pool(self, pool: TaskPool | None) -> None:
+        if pool is None:
+            return
+        c = self.config
+        ours = (self.tasks, c.action_dims, c.episode_lengths, c.obs_dim, c.action_dim)
+        theirs = (pool.tasks, pool.action_dims, pool.episode_lengths, pool.obs_dim, pool.action_dim)
+        if ours != theirs:
+            raise ValueError(
+                f"the pool's tasks, action dims, episode lengths and padded widths {theirs} differ from "
+                f"this model's {ours}: train on a pool of the same tasks in the same order."
+            )
+
+    # ------------------------------------------------------------------ learning
+    @property
+    def logger(self) -> Logger:
+        if self._logger is None:
+            self._logger = configure_logger(self.verbose, self.tensorboard_log, "TDMPC2MultiTask", True)
+        return self._logger
+
+    def get_env(self) -> None:
+        """No env: training is offline (SB3 callbacks read it)."""
+        return None
+
+    def learn(
+        self,
+        total_timesteps: int,
+        callback: BaseCallback | list[BaseCallback] | None = None,
+        log_interval: int = 1000,
+        tb_log_name: str = "TDMPC2MultiTask",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+        data: TaskPool | str | os.PathLike[str] | None = None,
+    ) -> TDMPC2MultiTask:
+        """Run ``total_timesteps`` gradient updates on windows of the pool (offline_trainer.py:73-90
+        @b67b21c); metrics are logged every ``log_interval`` updates. ``data`` replaces the pool (e.g.
+        after :meth:`load`)."""
+        if data is not None:
+            pool = data if isinstance(data, TaskPool) else load_pool(data)
+            self._check_pool(pool)
+            self.pool = pool
+        if self.pool is None:
+            raise ValueError("No pool to train on: pass data=... (a TaskPool or its path).")
+        if int(total_timesteps) < 0:
+            raise ValueError(
+                f"total_timesteps counts gradient updates and must be >= 0, got {total_timesteps}."
+            )
+        if reset_num_timesteps:
+            self.num_timesteps = 0
+        self._logger = configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
+        total_timesteps = self.num_timesteps + int(total_timesteps)  # the target, as SB3's learn has it
+        callbacks = [] if callback is None else list(callback) if isinstance(callback, list) else [callback]
+        if progress_bar:
+            callbacks.append(_UpdatesProgressBar())
+        cb = CallbackList(callbacks)
+        cb.init_callback(self)  # type: ignore[arg-type]
+        cb.on_training_start(locals(), globals())
+        while self.num_timesteps < total_timesteps:
+            metrics = self._update()
+            self.num_timesteps += 1
+            cb.update_locals(locals())
+            if self.num_timesteps % log_interval == 0 or self.num_timesteps == total_timesteps:
+                self._record(metrics)
+            if not cb.on_step():
+                break
+        cb.on_training_end()
+        return self
+
+    def _update(self) -> dict[str, Any]:
+        assert self.pool is not None
+        sample = self.pool.sample(self._rng, self.config.batch_size, self.config.horizon)
+        batch = {k: jnp.asarray(v)[None] for k, v in sample.items()}
+        self.state, metrics = core.train_many_jit(self.config, self.state, batch)
+        return metrics
+
+    def _record(self, metrics: Mapping[str, Any]) -> None:
+        for name, value in metrics.items():
+            self.logger.record(f"train/{name}", float(np.asarray(value)[-1]))
+        self.logger.record("train/n_updates", self.num_timesteps)
+        self.logger.dump(self.num_timesteps)
+
+    # ------------------------------------------------------------------ acting
+    def predict(
+        self,
+        observation: Any,
+        task: str,
+        state: tuple[np.ndarray, ...] | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = False,
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """Plan for ``task``: observation (O_task,) or (n, O_task) → action (A_task,) or (n, A_task),
+        and the state (plan mean (n, H, A),) for the next call (a restart where ``episode_start``).
+        ``deterministic`` is the reference's eval mode (no exploration noise on the chosen action)."""
+        k = self.task_id(task)
+        obs = np.asarray(observation, np.float32)
+        single = obs.ndim == 1
+        obs = obs[None] if single else obs
+        width = self._task_obs_dim(k)
+        if obs.ndim != 2 or (width is not None and obs.shape[1] != width):
+            raise ValueError(
+                f"task {task!r} observations are {width} wide (a vector or a batch of vectors), got shape "
+                f"{np.shape(observation)}."
+            )
+        n, c = obs.shape[0], self.config
+        padded = np.zeros((n, c.obs_dim), np.float32)
+        padded[:, : obs.shape[1]] = obs
+        prev = np.zeros((n, c.horizon, c.action_dim), np.float32) if state is None else np.asarray(state[0])
+        if state is None:
+            first = np.ones(n, bool)
+        else:
+            first = np.zeros(n, bool) if episode_start is None else np.asarray(episode_start, bool)
+        key = self._predict_key(bool(deterministic), padded, prev, first, k)
+        action, mean = core.act_jit(
+            c,
+            self.state.params,
+            jnp.asarray(padded),
+            jnp.asarray(prev),
+            jnp.asarray(first),
+            key,
+            eval_mode=bool(deterministic),
+            task=jnp.full((n,), k, jnp.int32),
+        )
+        action = np.asarray(action)[:, : c.action_dims[k]]
+        return (action[0] if single else action), (np.asarray(mean),)
+
+    def _predict_key(self, deterministic: bool, *inputs: Any) -> jax.Array:
+        """Deterministic: a key from the inputs, so the same inputs give the same action whatever came
+        before (and after save/load); otherwise the next key of the model's own predict stream."""
+        if deterministic:
+            digest = zlib.crc32(b"".join(np.ascontiguousarray(x).tobytes() for x in inputs))
+            return jax.random.fold_in(jax.random.PRNGKey(self.seed), digest)
+        self._predict_calls += 1
+        return jax.random.fold_in(jax.random.PRNGKey(self.seed + 1), self._predict_calls)
+
+    def _task_obs_dim(self, k: int) -> int | None:
+        return self._obs_dims[k] if self._obs_dims else None
+
+    def evaluate(
+        self, envs: Mapping[str, gym.Env], n_eval_episodes: int = 5, deterministic: bool = True
+    ) -> dict[str, float]:
+        """Mean return of ``n_eval_episodes`` planned episodes per task (``envs``: task name → env
+        with that task's spaces) and their mean over the tasks, ``"mean"`` (as the reference's
+        trainer logs them, offline_trainer.py:24-39@b67b21c)."""
+        scores: dict[str, float] = {}
+        for name, env in envs.items():
+            k = self.task_id(name)
+            self._check_env(name, k, env)
+            returns = []
+            for episode in range(n_eval_episodes):
+                obs, _ = env.reset(seed=self.seed + episode)
+                state, total, done = None, 0.0, False
+                while not done:
+                    action, state = self.predict(obs, name, state, np.array([state is None]), deterministic)
+                    obs, reward, terminated, truncated, _ = env.step(action)
+                    total += float(reward)
+                    done = terminated or truncated
+                returns.append(total)
+            scores[name] = float(np.mean(returns))
+        scores["mean"] = float(np.mean([scores[name] for name in envs]))
+        return scores
+
+    def _check_env(self, name: str, k: int, env: gym.Env) -> None:
+        obs, act = env.observation_space, env.action_space
+        width = self._task_obs_dim(k)
+        if (
+            not isinstance(obs, gym.spaces.Box)
+            or not isinstance(act, gym.spaces.Box)
+            or (width is not None and obs.shape != (width,))
+            or act.shape != (self.config.action_dims[k],)
+        ):
+            raise ValueError(
+                f"the env given for task {name!r} has spaces {obs} / {act}; the task's are Box({width},) "
+                f"observations and Box({self.config.action_dims[k]},) actions in [-1, 1]."
+            )
+
+    # ------------------------------------------------------------------ save / load
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """The model (config, tasks, parameters, optimiser state, counters) in one ``.npz``, written
+        atomically; it loads without running code."""
+        leaves = jax.tree_util.tree_leaves_with_path(self.state)
+        arrays = {f"state{jax.tree_util.keystr(p)}": np.asarray(x) for p, x in leaves}
+        meta = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "config": {f: getattr(self.config, f) for f in self.config.__dataclass_fields__},
+            "tasks": list(self.tasks),
+            "obs_dims": list(self._obs_dims),
+            "model_size": self.model_size,
+            "seed": self.seed,
+            "num_timesteps": self.num_timesteps,
+        }
+        target = Path(path)
+        temp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        try:
+            with open(temp, "wb") as handle:
+                safe_io.save_npz(handle, arrays, meta)
+            os.replace(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], data: TaskPool | str | os.PathLike[str] | None = None
+    ) -> TDMPC2MultiTask:
+        """A model written by :meth:`save`; ``data`` attaches a pool to train on."""
+        arrays, meta = safe_io.load_npz(path, f"{path}")
+        if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
+            raise ValueError(f"{path} is not a TDMPC2MultiTask file (format {meta.get('format')!r}).")
+        fields = dict(meta["config"])
+        for name in ("action_dims", "episode_lengths"):
+            fields[name] = tuple(int(x) for x in fields[name])
+        config = preset(int(meta["model_size"]), **fields)
+        model = cls(None, meta["model_size"], seed=meta["seed"], tasks=tuple(meta["tasks"]), _config=config)
+        model._obs_dims = tuple(int(x) for x in meta["obs_dims"])
+        paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(model.state)]
+        missing = [p for p in paths if f"state{p}" not in arrays]
+        if missing:
+            raise ValueError(f"{path} lacks the state entries {missing[:3]}...: not a TDMPC2MultiTask file.")
+        leaves = [jnp.asarray(arrays[f"state{p}"]) for p in paths]
+        model.state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(model.state), leaves)
+        model.num_timesteps = int(meta["num_timesteps"])
+        if data is not None:
+            pool = data if isinstance(data, TaskPool) else load_pool(data)
+            model._check_pool(pool)
+            model.pool = pool
+        return model
