@@ -397,3 +397,59 @@ def test_multitask_predict_evaluate_save_load(small_pool, tmp_path):
     (tmp_path / "foreign.npz").write_bytes(b"not a model")
     with pytest.raises(ValueError):
         type(model).load(tmp_path / "foreign.npz")
+
+
+def _export_with_length(path, rng, obs_dim, action_dim, episode_length):
+    _write_export(path, rng, obs_dim, action_dim, 2, 10, lambda o, a: 0.0)
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    np.savez(path, **{**arrays, "episode_length": episode_length})
+    return path
+
+
+def test_a_reference_checkpoint_loads_into_a_model_of_its_tasks(tmp_path):
+    """The reference's checkpoint layout ({"model": state_dict}, written with torch.save) of the
+    recorded two-task model loads with the pool of its tasks and computes the recorded outputs."""
+    import torch
+
+    from sb3_worldmodels import TDMPC2MultiTask, pool_tasks
+    from sb3_worldmodels.tdmpc2.multitask import TASK_SETS
+
+    assert len(TASK_SETS["mt30"]) == 30 and len(TASK_SETS["mt80"]) == 80
+    assert TASK_SETS["mt80"][:30] == TASK_SETS["mt30"] and len(set(TASK_SETS["mt80"])) == 80
+    sd = load_npz(FIX / "mt_params_init.npz")
+    sd.update({k.replace("_Qs", "_target_Qs"): v for k, v in sd.items() if k.startswith("_Qs.")})
+    sd.update(load_npz(FIX / "mt_params_rerand_overrides.npz"))
+    torch.save({"model": {k: torch.from_numpy(v) for k, v in sd.items()}}, tmp_path / "mt.pt")
+    rng = np.random.default_rng(0)
+    sources = {
+        "task0": _export_with_length(tmp_path / "t0.npz", rng, 3, 1, 500),
+        "task1": _export_with_length(tmp_path / "t1.npz", rng, 5, 2, 100),
+    }
+    pool = pool_tasks(sources, tmp_path / "pool")
+    model = TDMPC2MultiTask.from_reference(tmp_path / "mt.pt", pool, model_size=1, seed=0)
+    assert model.config.task_dim == 96 and model.config.action_dims == (1, 2)
+    params, target = start_params()
+    for (path, ours), theirs in zip(
+        jax.tree_util.tree_leaves_with_path((model.state.params, model.state.target_qs)),
+        jax.tree_util.tree_leaves((params, target)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(ours, theirs, err_msg=jax.tree_util.keystr(path))
+    io = load("mt_model_io.npz")
+    task = jnp.asarray(io["in_task"], jnp.int32)
+    renormed = N.renormalise_task_embeddings(model.state.params, task)
+    cond = N.task_conditioning(model.config, renormed, task)
+    close(N.encode(model.config, renormed, io["in_obs"], cond), io["out_encode_z"])
+
+    with pytest.raises(ValueError, match="embeds 2 tasks"):
+        TDMPC2MultiTask.from_reference(
+            tmp_path / "mt.pt", pool_tasks({**sources, "extra": sources["task0"]}, tmp_path / "pool3"), 1
+        )
+    with pytest.raises(ValueError, match="shapes"):
+        TDMPC2MultiTask.from_reference(tmp_path / "mt.pt", pool, model_size=5)
+    with pytest.raises(ValueError, match="_task_emb"):
+        TDMPC2MultiTask.from_reference({k: v for k, v in sd.items() if k != "_task_emb.weight"}, pool, 1)
+    torch.save({"weights": {}}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="state_dict"):
+        TDMPC2MultiTask.from_reference(tmp_path / "other.pt", pool, 1)

@@ -137,6 +137,16 @@ def init_state(config: TDMPC2Config, key: Array) -> TDMPC2State:
     )
 
 
+def with_params(state: TDMPC2State, params: dict, target_qs: dict) -> TDMPC2State:
+    """``state`` with other parameters and fresh optimiser states for them (e.g. a checkpoint's)."""
+    return state._replace(
+        params=params,
+        target_qs=target_qs,
+        wm_opt=_adam(1e-8).init(_wm_params(params)),
+        pi_opt=_adam(1e-5).init(params["pi"]),
+    )
+
+
 # ------------------------------------------------------------------------------------------------
 # Update (tdmpc2.py:169-286)
 # ------------------------------------------------------------------------------------------------

@@ -33,6 +33,34 @@ from sb3_worldmodels.tdmpc2.dataset import TaskPool, load_pool
 MT30_SMALL_EMBEDDING_SIZES = (5, 19, 48)
 """Model sizes whose task embedding is 64 wide on mt30 (common/parser.py:55-56@b67b21c); else 96."""
 
+_DMC_TASKS = (
+    "walker-stand", "walker-walk", "walker-run", "cheetah-run", "reacher-easy", "reacher-hard",
+    "acrobot-swingup", "pendulum-swingup", "cartpole-balance", "cartpole-balance-sparse", "cartpole-swingup",
+    "cartpole-swingup-sparse", "cup-catch", "finger-spin", "finger-turn-easy", "finger-turn-hard",
+    "fish-swim", "hopper-stand", "hopper-hop",
+    "walker-walk-backwards", "walker-run-backwards", "cheetah-run-backwards", "cheetah-run-front",
+    "cheetah-run-back", "cheetah-jump", "hopper-hop-backwards", "reacher-three-easy", "reacher-three-hard",
+    "cup-spin", "pendulum-spin",
+)  # fmt: skip
+_METAWORLD_TASKS = tuple(
+    f"mw-{name}"
+    for name in (
+        "assembly", "basketball", "button-press-topdown", "button-press-topdown-wall", "button-press",
+        "button-press-wall", "coffee-button", "coffee-pull", "coffee-push", "dial-turn", "disassemble",
+        "door-open", "door-close", "drawer-close", "drawer-open", "faucet-open", "faucet-close", "hammer",
+        "handle-press-side", "handle-press", "handle-pull-side", "handle-pull", "lever-pull",
+        "peg-insert-side", "peg-unplug-side", "pick-out-of-hole", "pick-place", "pick-place-wall",
+        "plate-slide", "plate-slide-side", "plate-slide-back", "plate-slide-back-side", "push-back", "push",
+        "push-wall", "reach", "reach-wall", "shelf-place", "soccer", "stick-push", "stick-pull",
+        "sweep-into", "sweep", "window-open", "window-close", "bin-picking", "box-close", "door-lock",
+        "door-unlock", "hand-insert",
+    )
+)  # fmt: skip
+TASK_SETS: dict[str, tuple[str, ...]] = {"mt30": _DMC_TASKS, "mt80": _DMC_TASKS + _METAWORLD_TASKS}
+"""The reference's task sets in its order, the order of the released models' embedding rows
+(``TASK_SET``, common/__init__.py:26-60@b67b21c): 19 DMC tasks and 11 custom ones (mt30), then
+Meta-World's 50 (mt80). A pool for a released model lists its tasks in this order."""
+
 FORMAT = "sb3_worldmodels.tdmpc2_multitask"
 FORMAT_VERSION = 1
 
@@ -289,6 +317,42 @@ class TDMPC2MultiTask:
                 f"observations and Box({self.config.action_dims[k]},) actions in [-1, 1]."
             )
 
+    # ------------------------------------------------------------------ reference checkpoints
+    @classmethod
+    def from_reference(
+        cls,
+        checkpoint: Mapping[str, Any] | str | os.PathLike[str],
+        data: TaskPool | str | os.PathLike[str],
+        model_size: int,
+        seed: int | None = None,
+        **config_overrides: Any,
+    ) -> TDMPC2MultiTask:
+        """A model of the reference's multi-task agent: ``checkpoint`` is its file (``torch.save`` of
+        ``{"model": WorldModel.state_dict()}``, read with ``weights_only=True``) or the state dict;
+        ``data`` the pool of its tasks, in the order of its embedding rows (e.g. :data:`TASK_SETS`),
+        which gives their widths, action dims and episode lengths. The optimiser states start fresh."""
+        from sb3_worldmodels.tdmpc2.reference_weights import params_from_state_dict
+
+        sd = checkpoint if isinstance(checkpoint, Mapping) else _read_reference_checkpoint(checkpoint)
+        if "_task_emb.weight" not in sd:
+            raise ValueError("the state dict has no _task_emb.weight: not a multi-task TD-MPC2 model.")
+        rows, task_dim = np.shape(sd["_task_emb.weight"])
+        model = cls(data, model_size, task_dim=int(task_dim), seed=seed, **config_overrides)
+        if rows != model.config.num_tasks:
+            raise ValueError(
+                f"the checkpoint embeds {rows} tasks and the pool holds {model.config.num_tasks}: give the "
+                "pool of its tasks, in its order."
+            )
+        params, target = params_from_state_dict(sd)
+        shapes = lambda tree: jax.tree_util.tree_map(np.shape, tree)  # noqa: E731
+        if shapes(params) != shapes(model.state.params) or shapes(target) != shapes(model.state.target_qs):
+            raise ValueError(
+                f"the checkpoint's layers do not have the shapes of a size-{model_size} model for this pool "
+                "(padded widths, action dims, task_dim): check model_size and the pool's tasks."
+            )
+        model.state = core.with_params(model.state, params, target)
+        return model
+
     # ------------------------------------------------------------------ save / load
     def save(self, path: str | os.PathLike[str]) -> None:
         """The model (config, tasks, parameters, optimiser state, counters) in one ``.npz``, written
@@ -340,3 +404,11 @@ class TDMPC2MultiTask:
             model._check_pool(pool)
             model.pool = pool
         return model
+
+
+def _read_reference_checkpoint(path: str | os.PathLike[str]) -> Mapping[str, Any]:
+    """The state dict of a reference checkpoint file, read as tensors only (no code runs)."""
+    loaded = safe_io.load_tensors(Path(path).read_bytes(), f"the checkpoint {path}")
+    if not isinstance(loaded, Mapping) or not isinstance(loaded.get("model"), Mapping):
+        raise ValueError(f"{path}: a reference checkpoint holds {{'model': state_dict}}; this one does not.")
+    return loaded["model"]
