@@ -33,14 +33,8 @@ def tdmpc2_start_state(config: Any, params: dict, target: dict, scale: float = 1
 
     from sb3_worldmodels.tdmpc2 import agent as core
 
-    state = core.init_state(config, jax.random.PRNGKey(0))
-    return state._replace(
-        params=params,
-        target_qs=target,
-        wm_opt=core._adam(1e-8).init(core._wm_params(params)),
-        pi_opt=core._adam(1e-5).init(params["pi"]),
-        scale=state.scale._replace(value=jnp.asarray(scale, jnp.float32)),
-    )
+    state = core.with_params(core.init_state(config, jax.random.PRNGKey(0)), params, target)
+    return state._replace(scale=state.scale._replace(value=jnp.asarray(scale, jnp.float32)))
 
 
 DREAMERV3_TERMS = {  # our loss term -> (reference loss name, loss scale), agent.py:403-406@2411f7d

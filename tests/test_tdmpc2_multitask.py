@@ -44,12 +44,17 @@ def load(name: str) -> dict[str, np.ndarray]:
     return load_npz(FIX / name)
 
 
-def start_params() -> tuple[dict, dict]:
-    """init (target Qs = online Qs at init) + the re-randomisation overrides, targets included."""
+def start_state_dict() -> dict[str, np.ndarray]:
+    """The recorded start state in the reference's layout: init (target Qs = online Qs at init) + the
+    re-randomisation overrides, targets included."""
     sd = load("mt_params_init.npz")
     sd.update({k.replace("_Qs", "_target_Qs"): v for k, v in sd.items() if k.startswith("_Qs.")})
     sd.update(load("mt_params_rerand_overrides.npz"))
-    return params_from_state_dict(sd)
+    return sd
+
+
+def start_params() -> tuple[dict, dict]:
+    return params_from_state_dict(start_state_dict())
 
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
@@ -159,9 +164,7 @@ def test_update_matches_reference():
     ):
         rel = 1e-4 if ours in ("pi_loss", "pi_grad_norm") else 2e-5
         assert float(metrics[ours]) == pytest.approx(meta["update"][theirs], rel=rel, abs=1e-6), ours
-    before = load("mt_params_init.npz")
-    before.update({k.replace("_Qs", "_target_Qs"): v for k, v in before.items() if k.startswith("_Qs.")})
-    before.update(load("mt_params_rerand_overrides.npz"))
+    before = start_state_dict()
     delta = load("mt_params_after_update_delta.npz")
     after_sd = {k: (v.astype(np.float64) + delta[k]).astype(np.float32) for k, v in before.items()}
     after, after_target = params_from_state_dict(after_sd)
@@ -395,7 +398,7 @@ def test_multitask_predict_evaluate_save_load(small_pool, tmp_path):
     with pytest.raises(ValueError, match="task 'down'"):
         model.evaluate({"down": _LinearTask(3, 1)})
     (tmp_path / "foreign.npz").write_bytes(b"not a model")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a model written by TDMPC2MultiTask.save"):
         type(model).load(tmp_path / "foreign.npz")
 
 
@@ -413,13 +416,19 @@ def test_a_reference_checkpoint_loads_into_a_model_of_its_tasks(tmp_path):
     import torch
 
     from sb3_worldmodels import TDMPC2MultiTask, pool_tasks
-    from sb3_worldmodels.tdmpc2.multitask import TASK_SETS
+    from sb3_worldmodels.tdmpc2.multitask import TASK_SETS, reference_settings
 
     assert len(TASK_SETS["mt30"]) == 30 and len(TASK_SETS["mt80"]) == 80
     assert TASK_SETS["mt80"][:30] == TASK_SETS["mt30"] and len(set(TASK_SETS["mt80"])) == 80
-    sd = load_npz(FIX / "mt_params_init.npz")
-    sd.update({k.replace("_Qs", "_target_Qs"): v for k, v in sd.items() if k.startswith("_Qs.")})
-    sd.update(load_npz(FIX / "mt_params_rerand_overrides.npz"))
+    # parser.py:47-48,55@b67b21c: 64-wide embedding for mt30 at sizes 5/19/48, 512 latent at 19
+    assert reference_settings(TASK_SETS["mt30"], 19) == {"task_dim": 64, "latent_dim": 512}
+    assert reference_settings(TASK_SETS["mt30"], 5) == {"task_dim": 64}
+    assert (
+        reference_settings(TASK_SETS["mt30"], 1)
+        == reference_settings(TASK_SETS["mt80"], 19)
+        == {"task_dim": 96}
+    )
+    sd = start_state_dict()
     torch.save({"model": {k: torch.from_numpy(v) for k, v in sd.items()}}, tmp_path / "mt.pt")
     rng = np.random.default_rng(0)
     sources = {

@@ -336,15 +336,18 @@ def is_zip_file(path: Any) -> bool:
     return head == b"PK\x03\x04"
 
 
-def load_npz(source: Any, what: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The arrays and metadata written by :func:`save_npz`; nothing is unpickled."""
+def load_npz(
+    source: Any, what: str, expected: str = "a replay file written by save_replay_buffer()"
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The arrays and metadata written by :func:`save_npz`; nothing is unpickled. ``expected`` names
+    the kind of file in the error for one that is not."""
     source = source if hasattr(source, "read") else _existing_path(source, ".pkl")
     try:
         with np.load(source, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
         meta = decode(json.loads(str(arrays.pop(META)[()])))
     except (KeyError, ValueError, TypeError, zipfile.BadZipFile) as error:
-        raise ValueError(f"{what} is not a replay file written by save_replay_buffer(): {error}") from error
+        raise ValueError(f"{what} is not {expected}: {error}") from error
     if not isinstance(meta, dict):
         raise ValueError(f"{what} has malformed metadata.")
     return arrays, meta

@@ -30,9 +30,6 @@ from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2.config import TDMPC2Config, preset
 from sb3_worldmodels.tdmpc2.dataset import TaskPool, load_pool
 
-MT30_SMALL_EMBEDDING_SIZES = (5, 19, 48)
-"""Model sizes whose task embedding is 64 wide on mt30 (common/parser.py:55-56@b67b21c); else 96."""
-
 _DMC_TASKS = (
     "walker-stand", "walker-walk", "walker-run", "cheetah-run", "reacher-easy", "reacher-hard",
     "acrobot-swingup", "pendulum-swingup", "cartpole-balance", "cartpole-balance-sparse", "cartpole-swingup",
@@ -65,9 +62,15 @@ FORMAT = "sb3_worldmodels.tdmpc2_multitask"
 FORMAT_VERSION = 1
 
 
-def default_task_dim(num_tasks: int, model_size: int) -> int:
-    """The reference's ``task_dim``: 64 for the 30 tasks of mt30 at sizes 5, 19 and 48, else 96."""
-    return 64 if num_tasks == 30 and model_size in MT30_SMALL_EMBEDDING_SIZES else 96
+def reference_settings(tasks: tuple[str, ...], model_size: int) -> dict[str, int]:
+    """What the reference sets for its task sets (common/parser.py:47-48,55@b67b21c): the embedding is
+    64 wide for mt30 at sizes 5, 19 and 48, else 96 (our choice too for a pool of other tasks, where
+    the reference has no rule), and mt30's size-19 model has a 512-wide latent."""
+    mt30 = tuple(tasks) == TASK_SETS["mt30"]
+    settings = {"task_dim": 64 if mt30 and model_size in (5, 19, 48) else 96}
+    if mt30 and model_size == 19:
+        settings["latent_dim"] = 512
+    return settings
 
 
 class _UpdatesProgressBar(ProgressBarCallback):
@@ -86,7 +89,7 @@ class TDMPC2MultiTask:
     :param model_size: 1, 5, 19, 48 or 317 (the reference's sizes).
     :param batch_size: windows per update (the reference's default 256; its multi-task examples 1024).
     :param learning_rate: of both Adams (the encoder's scaled by ``enc_lr_scale``).
-    :param task_dim: embedding width; default :func:`default_task_dim`.
+    :param task_dim: embedding width; default :func:`reference_settings`.
     :param seed: seeds the parameters, the update noise and the window sampling.
     :param config_overrides: other :class:`~sb3_worldmodels.tdmpc2.config.TDMPC2Config` fields.
     """
@@ -101,31 +104,28 @@ class TDMPC2MultiTask:
         seed: int | None = None,
         verbose: int = 0,
         tensorboard_log: str | None = None,
-        tasks: tuple[str, ...] | None = None,
-        _config: TDMPC2Config | None = None,
+        _spec: tuple[TDMPC2Config, tuple[str, ...], tuple[int, ...]] | None = None,
         **config_overrides: Any,
     ) -> None:
-        self.pool = data if isinstance(data, TaskPool) or data is None else load_pool(data)
-        if _config is None:
-            if self.pool is None:
-                raise ValueError(
-                    "TDMPC2MultiTask needs data: a TaskPool or the path of one (see pool_tasks)."
-                )
-            _config = preset(
+        pool = None if data is None else _as_pool(data)
+        if _spec is None:  # (config, task names, their observation widths): given when loading
+            if pool is None:
+                raise ValueError("TDMPC2MultiTask needs data: a TaskPool or its path (see pool_tasks).")
+            settings = {**reference_settings(pool.tasks, model_size), **config_overrides}
+            if task_dim is not None:
+                settings["task_dim"] = task_dim
+            config = preset(
                 model_size,
-                obs_dim=self.pool.obs_dim,
-                action_dim=self.pool.action_dim,
+                obs_dim=pool.obs_dim,
+                action_dim=pool.action_dim,
                 batch_size=batch_size,
                 learning_rate=learning_rate,
-                task_dim=task_dim or default_task_dim(self.pool.num_tasks, model_size),
-                action_dims=self.pool.action_dims,
-                episode_lengths=self.pool.episode_lengths,
-                **config_overrides,
+                action_dims=pool.action_dims,
+                episode_lengths=pool.episode_lengths,
+                **settings,
             )
-            tasks = self.pool.tasks
-        self.config = _config
-        self.tasks: tuple[str, ...] = tuple(tasks or ())
-        self._obs_dims = self.pool.obs_dims if self.pool is not None else ()
+            _spec = (config, pool.tasks, pool.obs_dims)
+        self.config, self.tasks, self._obs_dims = _spec
         self.model_size = model_size
         self.seed = int(np.random.default_rng().integers(2**31)) if seed is None else int(seed)
         self.verbose = verbose
@@ -135,7 +135,9 @@ class TDMPC2MultiTask:
         self.num_timesteps = 0
         self._predict_calls = 0
         self._logger: Logger | None = None
-        self._check_pool(self.pool)
+        self.pool: TaskPool | None = None
+        if pool is not None:
+            self._attach(pool)
 
     # ------------------------------------------------------------------ tasks
     def task_id(self, task: str) -> int:
@@ -143,17 +145,18 @@ class TDMPC2MultiTask:
             raise ValueError(f"Unknown task {task!r}; this model's tasks are {list(self.tasks)}.")
         return self.tasks.index(task)
 
-    def _check_pool(self, pool: TaskPool | None) -> None:
-        if pool is None:
-            return
+    def _attach(self, data: TaskPool | str | os.PathLike[str]) -> None:
+        """Train on ``data`` from now on: a pool of this model's tasks, in its order, same widths."""
+        pool = _as_pool(data)
         c = self.config
-        ours = (self.tasks, c.action_dims, c.episode_lengths, c.obs_dim, c.action_dim)
-        theirs = (pool.tasks, pool.action_dims, pool.episode_lengths, pool.obs_dim, pool.action_dim)
+        ours = (self.tasks, self._obs_dims, c.action_dims, c.episode_lengths)
+        theirs = (pool.tasks, pool.obs_dims, pool.action_dims, pool.episode_lengths)
         if ours != theirs:
             raise ValueError(
-                f"the pool's tasks, action dims, episode lengths and padded widths {theirs} differ from "
-                f"this model's {ours}: train on a pool of the same tasks in the same order."
+                f"the pool's tasks, observation and action widths and episode lengths {theirs} differ "
+                f"from this model's {ours}: train on a pool of the same tasks in the same order."
             )
+        self.pool = pool
 
     # ------------------------------------------------------------------ learning
     @property
@@ -180,9 +183,7 @@ class TDMPC2MultiTask:
         @b67b21c); metrics are logged every ``log_interval`` updates. ``data`` replaces the pool (e.g.
         after :meth:`load`)."""
         if data is not None:
-            pool = data if isinstance(data, TaskPool) else load_pool(data)
-            self._check_pool(pool)
-            self.pool = pool
+            self._attach(data)
         if self.pool is None:
             raise ValueError("No pool to train on: pass data=... (a TaskPool or its path).")
         if int(total_timesteps) < 0:
@@ -239,8 +240,8 @@ class TDMPC2MultiTask:
         obs = np.asarray(observation, np.float32)
         single = obs.ndim == 1
         obs = obs[None] if single else obs
-        width = self._task_obs_dim(k)
-        if obs.ndim != 2 or (width is not None and obs.shape[1] != width):
+        width = self._obs_dims[k]
+        if obs.ndim != 2 or obs.shape[1] != width:
             raise ValueError(
                 f"task {task!r} observations are {width} wide (a vector or a batch of vectors), got shape "
                 f"{np.shape(observation)}."
@@ -276,9 +277,6 @@ class TDMPC2MultiTask:
         self._predict_calls += 1
         return jax.random.fold_in(jax.random.PRNGKey(self.seed + 1), self._predict_calls)
 
-    def _task_obs_dim(self, k: int) -> int | None:
-        return self._obs_dims[k] if self._obs_dims else None
-
     def evaluate(
         self, envs: Mapping[str, gym.Env], n_eval_episodes: int = 5, deterministic: bool = True
     ) -> dict[str, float]:
@@ -294,7 +292,7 @@ class TDMPC2MultiTask:
                 obs, _ = env.reset(seed=self.seed + episode)
                 state, total, done = None, 0.0, False
                 while not done:
-                    action, state = self.predict(obs, name, state, np.array([state is None]), deterministic)
+                    action, state = self.predict(obs, name, state, deterministic=deterministic)
                     obs, reward, terminated, truncated, _ = env.step(action)
                     total += float(reward)
                     done = terminated or truncated
@@ -305,11 +303,11 @@ class TDMPC2MultiTask:
 
     def _check_env(self, name: str, k: int, env: gym.Env) -> None:
         obs, act = env.observation_space, env.action_space
-        width = self._task_obs_dim(k)
+        width = self._obs_dims[k]
         if (
             not isinstance(obs, gym.spaces.Box)
             or not isinstance(act, gym.spaces.Box)
-            or (width is not None and obs.shape != (width,))
+            or obs.shape != (width,)
             or act.shape != (self.config.action_dims[k],)
         ):
             raise ValueError(
@@ -383,15 +381,15 @@ class TDMPC2MultiTask:
         cls, path: str | os.PathLike[str], data: TaskPool | str | os.PathLike[str] | None = None
     ) -> TDMPC2MultiTask:
         """A model written by :meth:`save`; ``data`` attaches a pool to train on."""
-        arrays, meta = safe_io.load_npz(path, f"{path}")
+        arrays, meta = safe_io.load_npz(path, f"{path}", "a model written by TDMPC2MultiTask.save()")
         if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
             raise ValueError(f"{path} is not a TDMPC2MultiTask file (format {meta.get('format')!r}).")
         fields = dict(meta["config"])
         for name in ("action_dims", "episode_lengths"):
             fields[name] = tuple(int(x) for x in fields[name])
         config = preset(int(meta["model_size"]), **fields)
-        model = cls(None, meta["model_size"], seed=meta["seed"], tasks=tuple(meta["tasks"]), _config=config)
-        model._obs_dims = tuple(int(x) for x in meta["obs_dims"])
+        spec = (config, tuple(meta["tasks"]), tuple(int(x) for x in meta["obs_dims"]))
+        model = cls(None, meta["model_size"], seed=meta["seed"], _spec=spec)
         paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(model.state)]
         missing = [p for p in paths if f"state{p}" not in arrays]
         if missing:
@@ -400,9 +398,7 @@ class TDMPC2MultiTask:
         model.state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(model.state), leaves)
         model.num_timesteps = int(meta["num_timesteps"])
         if data is not None:
-            pool = data if isinstance(data, TaskPool) else load_pool(data)
-            model._check_pool(pool)
-            model.pool = pool
+            model._attach(data)
         return model
 
 
@@ -412,3 +408,7 @@ def _read_reference_checkpoint(path: str | os.PathLike[str]) -> Mapping[str, Any
     if not isinstance(loaded, Mapping) or not isinstance(loaded.get("model"), Mapping):
         raise ValueError(f"{path}: a reference checkpoint holds {{'model': state_dict}}; this one does not.")
     return loaded["model"]
+
+
+def _as_pool(data: TaskPool | str | os.PathLike[str]) -> TaskPool:
+    return data if isinstance(data, TaskPool) else load_pool(data)
