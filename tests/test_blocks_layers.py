@@ -187,14 +187,26 @@ def test_activations() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+class _Hidden(nn.Module):
+    """B.hidden_layers in a module of its own."""
+
+    units: int
+    layers: int
+    prefix: str = "h"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return B.hidden_layers(x, self.units, self.layers, self.prefix)
+
+
 class _Head(nn.Module):
-    """Mirrors a reference head: MLP layers "h0".."h{n-1}", output "out", and a block layer."""
+    """Mirrors a reference head: hidden layers "h0".."h{n-1}", output "out", and a block layer."""
 
     layers: int = 3
 
     @nn.compact
     def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        h = B.MLP(16, self.layers, prefix="h", name="mlp")(x)
+        h = _Hidden(16, self.layers, prefix="h", name="mlp")(x)
         out = B.Dense(5, outscale=0.0, name="out")(h)
         block = B.BlockLinear(32, blocks=8, norm=True, act="silu", name="block")(jnp.tile(x, (1, 8)))
         return out, block
@@ -224,7 +236,7 @@ def test_param_tree_names_and_initial_values() -> None:
     out, _ = jax.jit(head.apply)({"params": params}, x)
     np.testing.assert_array_equal(out, 0.0)
     # Other names and variants.
-    assert sorted(param_shapes(B.MLP(4, 2, prefix="mlp"), x)["params"]) == ["mlp0", "mlp1"]
+    assert sorted(param_shapes(_Hidden(4, 2, prefix="mlp"), x)["params"]) == ["mlp0", "mlp1"]
     layer_variant = param_shapes(B.NormedDense(8, act="mish", norm="layer"), x)
     assert layer_variant == {
         "params": {"kernel": (8, 8), "bias": (8,), "norm": {"scale": (8,), "bias": (8,)}}
@@ -239,7 +251,7 @@ def test_normed_dense_and_mlp_math() -> None:
     p = random_params(layer, x)["params"]
     h = rms_norm_np(x @ p["kernel"] + p["bias"], p["norm"]["scale"])
     np.testing.assert_allclose(jax.jit(layer.apply)({"params": p}, x), silu_np(h), rtol=1e-5, atol=1e-5)
-    mlp = B.MLP(8, 2, prefix="h")
+    mlp = _Hidden(8, 2, prefix="h")
     p = random_params(mlp, x, seed=1)["params"]
     h = x
     for name in ("h0", "h1"):

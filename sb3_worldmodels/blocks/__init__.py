@@ -3,7 +3,8 @@
 - :mod:`~sb3_worldmodels.blocks.math`: symlog/symexp, two-hot regression, λ-returns.
 - :mod:`~sb3_worldmodels.blocks.distributions`: categorical, Normal, Bernoulli, symlog-MSE math.
 - :mod:`~sb3_worldmodels.blocks.normalizers`: percentile return normaliser, EMA, RunningScale.
-- :mod:`~sb3_worldmodels.blocks.layers`: flax layers (fan-in init, RMSNorm, MLP, BlockLinear).
+- :mod:`~sb3_worldmodels.blocks.layers`: flax layers (fan-in init, RMSNorm, normed dense, hidden layers,
+  BlockLinear).
 - :mod:`~sb3_worldmodels.blocks.optim`: AGC + LaProp + warmup as optax transformations.
 - :mod:`~sb3_worldmodels.blocks.random`: cheap hashed Bernoulli masks for dropout.
 """
@@ -24,13 +25,13 @@ from sb3_worldmodels.blocks.distributions import (
     unimix_logits,
 )
 from sb3_worldmodels.blocks.layers import (
-    MLP,
     TRUNC_NORMAL_STD_CORRECTION,
     BlockLinear,
     Dense,
     NormedDense,
     RMSNorm,
     get_act,
+    hidden_layers,
     layer_norm,
     mish,
     simnorm,
@@ -78,7 +79,6 @@ from sb3_worldmodels.blocks.optim import (
 from sb3_worldmodels.blocks.random import hash_bernoulli, mix32
 
 __all__ = [
-    "MLP",
     "TRUNC_NORMAL_STD_CORRECTION",
     "BlockLinear",
     "Dense",
@@ -96,6 +96,7 @@ __all__ = [
     "ema_update",
     "free_nats",
     "get_act",
+    "hidden_layers",
     "get_learning_rate",
     "hash_bernoulli",
     "imagination_weight",

@@ -23,7 +23,6 @@ Initializer = Callable[[Array, Sequence[int], Any], Array]
 T = TypeVar("T")
 
 __all__ = [
-    "MLP",
     "PREPARED",
     "RMS_EPS",
     "TRUNC_NORMAL_STD_CORRECTION",
@@ -34,6 +33,7 @@ __all__ = [
     "block_matmul",
     "block_matmul_pretransposed",
     "get_act",
+    "hidden_layers",
     "init_from_one_draw",
     "layer_norm",
     "matmul_pretransposed",
@@ -344,26 +344,24 @@ class NormedDense(nn.Module):
         return get_act(self.act)(x)
 
 
-class MLP(nn.Module):
-    """``layers`` × :class:`NormedDense` of width ``units``, named ``f"{prefix}{i}"``.
+def hidden_layers(
+    x: Array,
+    units: int,
+    layers: int,
+    prefix: str = "h",
+    first: Array | None = None,
+    act: str = "silu",
+    norm: str = "rms",
+) -> Array:
+    """``layers`` × :class:`NormedDense` of width ``units``, named ``f"{prefix}{i}"``, in the calling
+    module's scope (call it inside a compact method); ``first``: the first layer's preactivation when
+    the caller computed it (see :class:`NormedDense`).
 
     Input (..., I) → output (..., units); zero layers return the input unchanged.
     """
-
-    units: int
-    layers: int
-    prefix: str = "h"
-    act: str = "silu"
-    norm: str = "rms"
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        for i in range(self.layers):
-            x = NormedDense(
-                self.units, act=self.act, norm=self.norm, dtype=self.dtype, name=f"{self.prefix}{i}"
-            )(x)
-        return x
+    for i in range(layers):
+        x = NormedDense(units, act=act, norm=norm, name=f"{prefix}{i}")(x, first if i == 0 else None)
+    return x
 
 
 class BlockLinear(nn.Module):

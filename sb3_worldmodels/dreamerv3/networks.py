@@ -40,6 +40,7 @@ from sb3_worldmodels.blocks.layers import (
     NormedDense,
     block_matmul,
     block_matmul_pretransposed,
+    hidden_layers,
     init_from_one_draw,
     matmul_pretransposed,
     rms_norm,
@@ -99,14 +100,6 @@ MODULES = ("enc", "dyn", "dec", "rew", "con", "actor", "critic")
 # ------------------------------------------------------------------------------------------------
 
 
-def _hidden_layers(units: int, layers: int, prefix: str, x: Array, first: Array | None) -> Array:
-    """``layers`` × NormedDense(units) named ``f"{prefix}{i}"``, inside a compact method; ``first``:
-    the first layer's preactivation when computed by the caller (:class:`Heads`)."""
-    for i in range(layers):
-        x = NormedDense(units, name=f"{prefix}{i}")(x, first if i == 0 else None)
-    return x
-
-
 class Encoder(nn.Module):
     """symlog(obs) → ``layers`` × [Linear(U) + RMSNorm + SiLU] (nets.py:249-256@2411f7d).
     (..., O) → (..., U)."""
@@ -116,7 +109,7 @@ class Encoder(nn.Module):
 
     @nn.compact
     def __call__(self, obs: Array) -> Array:
-        return _hidden_layers(self.units, self.layers, "mlp", symlog(jnp.asarray(obs, jnp.float32)), None)
+        return hidden_layers(symlog(jnp.asarray(obs, jnp.float32)), self.units, self.layers, "mlp")
 
 
 class Decoder(nn.Module):
@@ -135,7 +128,7 @@ class Decoder(nn.Module):
 
     @nn.compact
     def __call__(self, feat: Array, first: Array | None = None) -> Array:
-        x = _hidden_layers(self.units, self.layers, self.prefix, feat, first)
+        x = hidden_layers(feat, self.units, self.layers, self.prefix, first)
         outs = [Dense(w, outscale=DECODER_OUTSCALE, name=f"out_{k}")(x) for k, w in self.outputs]
         return outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
 
@@ -156,7 +149,7 @@ class Head(nn.Module):
 
     @nn.compact
     def __call__(self, feat: Array, first: Array | None = None) -> Array:
-        x = _hidden_layers(self.units, self.layers, self.prefix, feat, first)
+        x = hidden_layers(feat, self.units, self.layers, self.prefix, first)
         return Dense(self.outputs, outscale=self.outscale, name="out")(x)
 
 
@@ -176,7 +169,7 @@ class Actor(nn.Module):
 
     @nn.compact
     def __call__(self, feat: Array, first: Array | None = None) -> tuple[Array, Array | None]:
-        x = _hidden_layers(self.units, self.layers, self.prefix, feat, first)
+        x = hidden_layers(feat, self.units, self.layers, self.prefix, first)
         out = Dense(self.action_dim, outscale=OUTSCALES["actor", "out"], name="out")(x)
         std = None
         if not self.discrete:

@@ -214,7 +214,7 @@ class TDMPC2MultiTask:
     def _update(self) -> dict[str, Any]:
         assert self.pool is not None
         sample = self.pool.sample(self._rng, self.config.batch_size, self.config.horizon)
-        batch = {k: jnp.asarray(v)[None] for k, v in sample.items()}
+        batch = {k: jnp.asarray(v[None]) for k, v in sample.items()}  # one update per call: K = 1
         self.state, metrics = core.train_many_jit(self.config, self.state, batch)
         return metrics
 
