@@ -30,7 +30,7 @@ from sb3_worldmodels.common.policy import flatten_state
 from sb3_worldmodels.common.safe_io import UnsafeFileError
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
-from tests.probe_envs import ChainEnv
+from tests.probe_envs import ChainEnv, DictObsEnv
 
 AGENTS = {
     "dreamerv3": (DreamerV3, {**DREAMER_SMOKE, "seed": 0}),
@@ -215,6 +215,24 @@ def test_sb3_schedule_classes_are_plain_data(tmp_path):
     model.save(tmp_path / "linear.zip")
     loaded = cls.load(tmp_path / "linear.zip")
     assert loaded.lr_schedule(0.75) == pytest.approx(model.lr_schedule(0.75))
+
+
+@pytest.mark.parametrize("agent", list(AGENTS))
+def test_dict_observations_mid_episode_are_plain_data(agent, tmp_path):
+    """SB3's VecEnvs hold Dict observations (dm_control's) as OrderedDicts: saved as data, not pickled,
+    and loaded back with the same keys, order and values."""
+    import warnings
+
+    cls, settings = AGENTS[agent]
+    model = cls(make_vec_env(lambda: TimeLimit(DictObsEnv(), 10), n_envs=1), **settings)
+    model.learn(15)  # stops mid-episode: the last observation is part of the checkpoint
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.save(tmp_path / "dict.zip")
+    loaded = cls.load(tmp_path / "dict.zip")
+    assert type(loaded._last_obs) is type(model._last_obs)
+    assert list(loaded._last_obs) == list(model._last_obs)
+    assert all(np.array_equal(loaded._last_obs[k], model._last_obs[k]) for k in model._last_obs)
 
 
 def test_a_pickled_replay_needs_the_opt_in(trained, tmp_path):

@@ -22,7 +22,7 @@ import io
 import json
 import os
 import zipfile
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -154,6 +154,8 @@ def encode(value: Any) -> Any:
         return [encode(v) for v in value]
     if isinstance(value, deque):
         return {TAG: "deque", "items": [encode(v) for v in value], "maxlen": value.maxlen}
+    if type(value) is OrderedDict:  # SB3's VecEnvs return Dict observations as OrderedDicts
+        return {TAG: "OrderedDict", "items": [[encode(k), encode(v)] for k, v in value.items()]}
     if isinstance(value, dict) and type(value) is dict:
         if all(isinstance(k, str) and not k.startswith(("__", ":")) for k in value):
             return {k: encode(v) for k, v in value.items()}
@@ -195,6 +197,8 @@ def decode(obj: Any) -> Any:
         return deque((decode(v) for v in obj["items"]), maxlen=None if maxlen is None else int(maxlen))
     if kind == "dict":
         return {decode(k): decode(v) for k, v in obj["items"]}
+    if kind == "OrderedDict":
+        return OrderedDict((decode(k), decode(v)) for k, v in obj["items"])
     if kind in ("Box", "Discrete", "MultiDiscrete", "MultiBinary", "Dict", "Tuple"):
         return _decode_space(obj)
     if kind == "Generator":
