@@ -10,6 +10,7 @@ from sb3_worldmodels.tdmpc2 import (
     TDMPC2MultiTask,
     export_episodes,
     load_pool,
+    pool_reference_data,
     pool_tasks,
 )
 
@@ -28,5 +29,6 @@ __all__ = [
     "export_episodes",
     "load_pool",
     "make_dmc_env",
+    "pool_reference_data",
     "pool_tasks",
 ]

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_worldmodels import TDMPC2, TaskPool, export_episodes, load_pool, pool_tasks
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS, discount_from_episode_length
+from sb3_worldmodels.tdmpc2.dataset import pool_reference_data, read_reference_chunk
 
 HORIZON = 3  # TDMPC2's default: windows of 4 entries
 LENGTHS = (6, 9, 12)  # CountingEnv's episode lengths, in turn
@@ -357,3 +361,99 @@ def test_load_pool_names_the_file_and_the_problem(pool, tmp_path):
     (cases[0][0] / "meta.json").write_text("{not json")
     with pytest.raises(ValueError, match="meta.json is not readable JSON"):
         load_pool(cases[0][0])
+
+
+# ---------------------------------------------------------------------- the reference's released data
+REFERENCE_DATA = Path(__file__).parent / "fixtures" / "tdmpc2" / "reference_data"
+CHUNKS = [REFERENCE_DATA / "chunk_0.pt", REFERENCE_DATA / "chunk_1.pt"]
+REFERENCE_TASKS = {"reach": (3, 1, 500), "push": (4, 2, 100)}  # task ids 0 and 1 of the chunks
+
+
+def recorded_chunk(i: int) -> dict[str, np.ndarray]:
+    with np.load(REFERENCE_DATA / "expected.npz") as recorded:
+        return {key: recorded[f"chunk_{i}/{key}"] for key in ("obs", "action", "reward", "task")}
+
+
+@pytest.mark.parametrize("i", [0, 1])
+def test_reference_chunks_read_as_written(i):
+    """Files in the reference's layout (a TensorDict saved with torch.save, written by tensordict 0.2.1)
+    read back exactly, without tensordict installed."""
+    data, recorded = read_reference_chunk(CHUNKS[i]), recorded_chunk(i)
+    assert set(data) == set(recorded)
+    for key in recorded:
+        np.testing.assert_array_equal(data[key], recorded[key])
+
+
+def test_reference_data_pools_each_task_in_order_without_padding(tmp_path):
+    pool = pool_reference_data(CHUNKS, REFERENCE_TASKS, tmp_path / "pool")
+    assert pool.tasks == ("reach", "push")
+    assert (pool.obs_dims, pool.action_dims, pool.episode_lengths) == ((3, 4), (1, 2), (500, 100))
+    assert (pool.obs_dim, pool.action_dim) == (4, 2)  # the widest task's, not the data's padding (5)
+    assert pool.discounts == (discount_from_episode_length(500), discount_from_episode_length(100))
+    chunks = [recorded_chunk(0), recorded_chunk(1)]
+    for k, name in enumerate(pool.tasks):
+        o, a, _ = REFERENCE_TASKS[name]
+        expected = [(c, i) for c in chunks for i in np.flatnonzero(c["task"][:, 0] == k)]  # file order
+        episodes = list(pool.episodes(name))
+        assert len(episodes) == len(expected) == 3
+        for (obs, action, reward), (c, i) in zip(episodes, expected, strict=True):
+            np.testing.assert_array_equal(obs, c["obs"][i, :, :o])
+            np.testing.assert_array_equal(action[1:], c["action"][i, 1:, :a])
+            np.testing.assert_array_equal(reward[1:], c["reward"][i, 1:])
+            assert not action[0].any() and reward[0] == 0.0  # entry 0: no action, no (NaN) reward
+    assert np.all(pool.obs[pool.task == 0, 3:] == 0.0) and np.all(pool.action[pool.task == 0, 1:] == 0.0)
+    batch = pool.sample(np.random.default_rng(0), 8, HORIZON)
+    assert all(np.isfinite(v).all() for v in batch.values())
+
+
+def test_a_code_payload_in_a_data_file_does_not_run(tmp_path):
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+
+    torch.save({"obs": Payload()}, tmp_path / "evil.pt")
+    with pytest.raises(ValueError, match="not a TensorDict"):
+        read_reference_chunk(tmp_path / "evil.pt")
+    with pytest.raises(ValueError, match="not a TensorDict"):
+        pool_reference_data([tmp_path / "evil.pt"], REFERENCE_TASKS, tmp_path / "pool")
+    assert not marker.exists() and not (tmp_path / "pool").exists()
+
+
+def write_chunk(path: Path, **changes: np.ndarray) -> Path:
+    """chunk_0's arrays with ``changes``, saved as a plain dict of tensors (also read)."""
+    arrays = {**recorded_chunk(0), **changes}
+    torch.save({key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in arrays.items()}, path)
+    return path
+
+
+NAN_IN_AN_OBSERVATION = np.where(np.arange(5) == 2, np.nan, recorded_chunk(0)["obs"])
+TASK_CHANGING_MID_EPISODE = recorded_chunk(0)["task"] * np.r_[1, 1, 1, 1, 1, 0]
+
+
+@pytest.mark.parametrize(
+    "tasks, change, message",
+    [
+        ({"reach": (3, 1, 500)}, {}, "task ids 0..1; the tasks given are ids 0..0"),
+        (
+            REFERENCE_TASKS,
+            {"obs": np.where(np.arange(5) == 2, np.nan, recorded_chunk(0)["obs"])},
+            "non-finite",
+        ),
+        (
+            REFERENCE_TASKS,
+            {"task": recorded_chunk(0)["task"] * np.r_[1, 1, 1, 1, 1, 0]},
+            "different task ids",
+        ),
+        ({"reach": (3, 1, 500), "push": (6, 2, 100)}, {}, "said to have 6 observations"),
+        ({"reach": (3, 1, 500), "push": (4, 2, 100), "other": (2, 1, 50)}, {}, r"no episode of \['other'\]"),
+        ({"reach": (3, 1, 500), "push": (4, 2)}, {}, "needs \\(obs_dim, action_dim, episode_length\\)"),
+        (REFERENCE_TASKS, {"reward": recorded_chunk(0)["reward"][:, :4]}, "entries of shapes"),
+    ],
+)
+def test_bad_reference_data_is_refused_and_writes_nothing(tmp_path, tasks, change, message):
+    chunk = write_chunk(tmp_path / "chunk.pt", **change)
+    with pytest.raises(ValueError, match=message):
+        pool_reference_data([chunk], tasks, tmp_path / "pool")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chunk.pt"]

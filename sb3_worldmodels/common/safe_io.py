@@ -23,7 +23,7 @@ import json
 import os
 import zipfile
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -303,6 +303,42 @@ def load_tensors(blob: bytes, what: str) -> Any:
             f"{what} holds something other than tensors ({type(error).__name__}: {error}); it was "
             "not written by save() and is not loaded."
         ) from error
+
+
+class _TensorDictFields:
+    """What a pickled TensorDict becomes when read: a plain object holding its attributes, no code."""
+
+
+# The names under which tensordict's classes are pickled (0.2 as of the reference, and later).
+_TENSORDICT_GLOBALS: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
+    (_TensorDictFields, "tensordict.tensordict.TensorDict"),
+    (_TensorDictFields, "tensordict._td.TensorDict"),
+    (dict, "tensordict.utils._StringOnlyDict"),
+    set,
+]
+
+
+def load_tensordict(path: str | os.PathLike[str], what: str) -> dict[str, th.Tensor]:
+    """The entries of a TensorDict written with ``torch.save`` (as the tensordict library pickles
+    it), read with ``weights_only=True``: only tensors and plain containers are rebuilt, the
+    TensorDict class is never imported or run. Tensors are memory-mapped from the file.
+
+    :return: key -> tensor (nested TensorDicts are not supported).
+    """
+    try:
+        with th.serialization.safe_globals(_TENSORDICT_GLOBALS):
+            loaded = th.load(os.fspath(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:
+        raise ValueError(
+            f"{what} is not a TensorDict saved with torch.save, or holds more than tensors "
+            f"({type(error).__name__}: {str(error)[:300]}); it is not loaded."
+        ) from error
+    entries = getattr(loaded, "_tensordict", None) if isinstance(loaded, _TensorDictFields) else loaded
+    if not isinstance(entries, dict) or not all(
+        isinstance(k, str) and isinstance(v, th.Tensor) for k, v in entries.items()
+    ):
+        raise ValueError(f"{what} does not hold a TensorDict of tensors (got {type(loaded).__name__}).")
+    return dict(entries)
 
 
 def write_zip(target: Any, members: Mapping[str, bytes]) -> None:

@@ -2,7 +2,14 @@
 
 from sb3_worldmodels.tdmpc2.algorithm import TDMPC2
 from sb3_worldmodels.tdmpc2.config import MODEL_SIZES, TDMPC2Config, preset
-from sb3_worldmodels.tdmpc2.dataset import TaskPool, export_episodes, load_pool, pool_tasks
+from sb3_worldmodels.tdmpc2.dataset import (
+    TaskPool,
+    export_episodes,
+    load_pool,
+    pool_reference_data,
+    pool_tasks,
+    read_reference_chunk,
+)
 from sb3_worldmodels.tdmpc2.multitask import TDMPC2MultiTask
 
 __all__ = [
@@ -13,6 +20,8 @@ __all__ = [
     "TaskPool",
     "export_episodes",
     "load_pool",
+    "pool_reference_data",
     "pool_tasks",
+    "read_reference_chunk",
     "preset",
 ]
