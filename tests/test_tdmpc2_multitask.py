@@ -462,3 +462,103 @@ def test_a_reference_checkpoint_loads_into_a_model_of_its_tasks(tmp_path):
     torch.save({"weights": {}}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="state_dict"):
         TDMPC2MultiTask.from_reference(tmp_path / "other.pt", pool, 1)
+
+
+@pytest.fixture(scope="module")
+def recorded_multitask(tmp_path_factory):
+    """A TDMPC2MultiTask of the recorded two-task model (nonzero heads, embedding rows of norm > 1)."""
+    from sb3_worldmodels import TDMPC2MultiTask, pool_tasks
+
+    folder = tmp_path_factory.mktemp("recorded")
+    rng = np.random.default_rng(0)
+    sources = {"a": _export_with_length(folder / "a.npz", rng, 3, 1, 500)}
+    sources["b"] = _export_with_length(folder / "b.npz", rng, 5, 2, 100)
+    model = TDMPC2MultiTask(pool_tasks(sources, folder / "pool"), 1, batch_size=8, task_dim=96, seed=0)
+    assert model.config == CONFIG.replace(q_dropout=model.config.q_dropout)
+    state = core.with_params(model.state, *start_params())
+    model.state = state._replace(scale=state.scale._replace(value=jnp.float32(2.5)))
+    return model
+
+
+@pytest.mark.parametrize("task", ["a", "b"])
+def test_a_single_task_agent_from_a_multitask_model_computes_the_same_functions(recorded_multitask, task):
+    """from_multitask: every network of the single-task agent on the task's own inputs equals the
+    multi-task network on the padded inputs with the task's (renormalised) embedding."""
+    from sb3_worldmodels import TDMPC2
+
+    mt, k = recorded_multitask, recorded_multitask.task_id(task)
+    o, a = mt.obs_dims[k], mt.config.action_dims[k]
+    agent = TDMPC2.from_multitask(mt, task, _LinearTask(o, a), episode_length=10, seed=0)
+    cfg, mcfg = agent._config, mt.config
+    assert (cfg.obs_dim, cfg.action_dim, cfg.task_dim) == (o, a, 0)
+    assert (cfg.mlp_dim, cfg.latent_dim, cfg.num_q) == (mcfg.mlp_dim, mcfg.latent_dim, mcfg.num_q)
+    single, state = agent.policy.state["agent"].params, agent.policy.state["agent"]
+    assert float(state.scale.value) == 2.5
+    ids = jnp.full((16,), k, jnp.int32)
+    multi = N.renormalise_task_embeddings(mt.state.params, ids)
+    cond = N.task_conditioning(mcfg, multi, ids)
+    rng = np.random.default_rng(k)
+    obs = rng.normal(size=(16, o)).astype(np.float32)
+    act = rng.uniform(-1, 1, (16, a)).astype(np.float32)
+    eps = rng.normal(size=(16, a)).astype(np.float32)
+    pad = lambda x, w: np.pad(x, ((0, 0), (0, w - x.shape[1])))  # noqa: E731
+    obs_p, act_p, eps_p = pad(obs, mcfg.obs_dim), pad(act, mcfg.action_dim), pad(eps, mcfg.action_dim)
+
+    z, z_mt = N.encode(cfg, single, obs), N.encode(mcfg, multi, obs_p, cond)
+    close(z, z_mt, atol=1e-5)
+    close(N.next_latent(cfg, single, z, act), N.next_latent(mcfg, multi, z, act_p, cond), atol=1e-5)
+    close(N.reward_logits(cfg, single, z, act), N.reward_logits(mcfg, multi, z, act_p, cond), atol=1e-5)
+    close(
+        N.q_logits(cfg, single["qs"], z, act, None),
+        N.q_logits(mcfg, multi["qs"], z, act_p, None, cond),
+        atol=1e-5,
+    )
+    target, target_mt = state.target_qs, mt.state.target_qs
+    close(N.q_logits(cfg, target, z, act, None), N.q_logits(mcfg, target_mt, z, act_p, None, cond), atol=1e-5)
+    mu, pi, log_pi, log_std = N.policy(cfg, single, z, eps)
+    mu_mt, pi_mt, log_pi_mt, log_std_mt = N.policy(mcfg, multi, z, eps_p, cond)
+    close(mu, mu_mt[:, :a], atol=1e-5)
+    close(pi, pi_mt[:, :a], atol=1e-5)
+    close(log_std, log_std_mt[:, :a], atol=1e-5)
+    close(log_pi, log_pi_mt, atol=1e-4)  # the padded dims' tanh terms, log(1 + 1e-6) each
+
+
+def test_a_single_task_agent_from_a_multitask_model_learns_online_and_saves(recorded_multitask, tmp_path):
+    from sb3_worldmodels import TDMPC2
+
+    mt = recorded_multitask
+    agent = TDMPC2.from_multitask(
+        mt,
+        "b",
+        _LinearTask(5, 2),
+        episode_length=10,
+        seed_steps=20,
+        batch_size=8,
+        num_samples=32,
+        num_elites=8,
+        num_pi_trajs=4,
+        seed=0,
+    )
+    before = jax.tree_util.tree_map(np.asarray, agent.policy.state["agent"].params)
+    agent.learn(30)
+    after = agent.policy.state["agent"].params
+    assert agent._n_updates > 0
+    changed = jax.tree_util.tree_map(lambda x, y: not np.array_equal(x, np.asarray(y)), before, after)
+    assert all(jax.tree_util.tree_leaves(changed))
+    agent.save(tmp_path / "fine_tuned.zip")
+    loaded = TDMPC2.load(tmp_path / "fine_tuned.zip")
+    obs = np.ones(5, np.float32)
+    np.testing.assert_array_equal(
+        loaded.predict(obs, deterministic=True)[0], agent.predict(obs, deterministic=True)[0]
+    )
+
+
+def test_from_multitask_refuses_another_tasks_env_or_an_unknown_task(recorded_multitask):
+    from sb3_worldmodels import TDMPC2
+
+    with pytest.raises(ValueError, match="task 'a' of the multi-task model has 3 and 1"):
+        TDMPC2.from_multitask(recorded_multitask, "a", _LinearTask(5, 2), episode_length=10)
+    with pytest.raises(ValueError, match="Unknown task 'c'"):
+        TDMPC2.from_multitask(recorded_multitask, "c", _LinearTask(5, 2), episode_length=10)
+    with pytest.raises(ValueError, match="change the networks' shapes"):
+        TDMPC2.from_multitask(recorded_multitask, "a", _LinearTask(3, 1), episode_length=10, mlp_dim=64)

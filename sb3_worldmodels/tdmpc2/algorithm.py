@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,7 @@ from sb3_worldmodels.common.base import (
 from sb3_worldmodels.common.envs import vec_agent_steps_per_episode
 from sb3_worldmodels.common.episode_replay import EpisodeReplay
 from sb3_worldmodels.tdmpc2 import agent as core
+from sb3_worldmodels.tdmpc2 import networks
 from sb3_worldmodels.tdmpc2.config import (
     TDMPC2Config,
     discount_from_episode_length,
@@ -27,7 +29,14 @@ from sb3_worldmodels.tdmpc2.config import (
     preset,
 )
 
+if TYPE_CHECKING:
+    from sb3_worldmodels.tdmpc2.multitask import TDMPC2MultiTask
+
 _D = TDMPC2Config()  # the constructor's defaults are the config's
+# Fields a single-task agent does not take from a multi-task model (from_multitask).
+_NOT_INHERITED = frozenset(
+    {"obs_dim", "action_dim", "task_dim", "action_dims", "episode_lengths", "discount", "iterations"}
+)
 
 
 SB3_HINTS = {
@@ -168,6 +177,51 @@ class TDMPC2(WorldModelAlgorithm):
             _init_setup_model=_init_setup_model,
             **sb3_kwargs,
         )
+
+    # ------------------------------------------------------------------ from a multi-task model
+    @classmethod
+    def from_multitask(
+        cls, model: TDMPC2MultiTask, task: str, env: Any, policy: Any = "MlpPolicy", **kwargs: Any
+    ) -> TDMPC2:
+        """A single-task agent for ``task`` initialised from the multi-task ``model``, that then learns
+        online as any TDMPC2 (fine-tuning).
+
+        The agent has the model's architecture and hyperparameters (``kwargs`` override them, e.g.
+        ``seed_steps`` to shorten the random phase, ``action_repeat``), the discount of ``env``'s
+        episode length, and the model's networks specialised to the task
+        (:func:`~sb3_worldmodels.tdmpc2.networks.single_task_params`): the task's embedding is a fixed
+        constant of each first layer (folded into its bias), the padded observation and action columns
+        are dropped. The Q scale is the model's; the optimisers and the replay start fresh.
+
+        :param env: an env (or VecEnv, or id) with the task's own spaces: Box observations of the
+            task's width (or a Dict that flattens to it) and its number of actions.
+        """
+        k = model.task_id(task)
+        c = model.config
+        inherited = {
+            name: getattr(c, name)
+            for name in c.__dataclass_fields__
+            if name not in _NOT_INHERITED and name in _CONSTRUCTOR_ARGS
+        }
+        agent = cls(policy, env, model_size=model.model_size, **{**inherited, **kwargs})
+        ours = (agent._config.obs_dim, agent._config.action_dim)
+        theirs = (model.obs_dims[k], c.action_dims[k])
+        if ours != theirs:
+            raise ValueError(
+                f"the env has {ours[0]} observation values and {ours[1]} action dims; task {task!r} of the "
+                f"multi-task model has {theirs[0]} and {theirs[1]}: give an env of that task."
+            )
+        params, target = networks.single_task_params(c, model.state.params, model.state.target_qs, k, ours[0])
+        state = agent.policy.state
+        shapes = lambda tree: jax.tree_util.tree_map(np.shape, tree)  # noqa: E731
+        if shapes(params) != shapes(state["agent"].params):
+            raise ValueError(
+                f"{', '.join(sorted(kwargs))} change the networks' shapes: the agent cannot take the "
+                "multi-task model's parameters (leave the architecture to the model)."
+            )
+        agent_state = core.with_params(state["agent"], params, target)._replace(scale=model.state.scale)
+        agent.policy.state = {**state, "agent": agent_state}
+        return agent
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -424,3 +478,6 @@ class TDMPC2(WorldModelAlgorithm):
 
 def _nothing() -> None:
     """A training call with no side effect to apply."""
+
+
+_CONSTRUCTOR_ARGS = frozenset(inspect.signature(TDMPC2.__init__).parameters)

@@ -140,6 +140,11 @@ class TDMPC2MultiTask:
             self._attach(pool)
 
     # ------------------------------------------------------------------ tasks
+    @property
+    def obs_dims(self) -> tuple[int, ...]:
+        """Each task's own observation width (before padding), in task id order."""
+        return self._obs_dims
+
     def task_id(self, task: str) -> int:
         if task not in self.tasks:
             raise ValueError(f"Unknown task {task!r}; this model's tasks are {list(self.tasks)}.")

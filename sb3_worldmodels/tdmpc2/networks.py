@@ -404,3 +404,47 @@ def policy_head(
     mu, pi = jnp.tanh(mean), jnp.tanh(u)
     log_pi = log_pi - jnp.sum(jnp.log(jax.nn.relu(1.0 - jnp.square(pi)) + 1e-6), -1)
     return mu, pi, log_pi, log_std
+
+
+# ------------------------------------------------------------------------------------------------
+# One task of a multi-task model as a single-task model
+# ------------------------------------------------------------------------------------------------
+
+
+def single_task_params(
+    config: TDMPC2Config, params: dict, target_qs: dict, task: int, obs_dim: int
+) -> tuple[dict, dict]:
+    """The parameters of multi-task ``config`` specialised to task ``task``, as a single-task model
+    with ``obs_dim`` observations and the task's ``action_dims[task]`` actions: the same functions on
+    that task's inputs.
+
+    Each first layer reads [input, embedding(, padded action)]: the task's (renormalised) embedding is
+    a constant there, so its product with the kernel's embedding rows joins the bias; the rows of the
+    padded observation and action columns, always zero for this task, are dropped. The policy keeps
+    the mean and log-std outputs of the task's action dimensions. The target Qs likewise.
+    """
+    table = renormalise_task_embeddings(params, jnp.asarray([task]))["task_emb"]
+    emb = table[task]
+    lat, t, a = config.latent_dim, config.task_dim, config.action_dims[task]
+    hi = jax.lax.Precision.HIGHEST
+
+    def first(layer: dict, kept: list[tuple[int, int]], emb_at: int) -> dict:
+        kernel = layer["kernel"]  # (in, out), or (K, in, out) for the Q members
+        folded = jnp.einsum("t,...to->...o", emb, kernel[..., emb_at : emb_at + t, :], precision=hi)
+        rows = jnp.concatenate([kernel[..., lo:hi_, :] for lo, hi_ in kept], axis=-2)
+        return {**layer, "kernel": rows, "bias": layer["bias"] + folded}
+
+    def with_first(net: dict, kept: list[tuple[int, int]], emb_at: int) -> dict:
+        return {**net, "0": first(net["0"], kept, emb_at)}
+
+    action_rows = [(0, lat), (lat + t, lat + t + a)]
+    out = {key: value for key, value in params.items() if key != "task_emb"}
+    out["encoder"] = with_first(params["encoder"], [(0, obs_dim)], config.obs_dim)
+    for name in ("dynamics", "reward", "qs"):
+        out[name] = with_first(params[name], action_rows, lat)
+    pi = with_first(params["pi"], [(0, lat)], lat)
+    last = str(len(pi) - 1)
+    columns = np.r_[0:a, config.action_dim : config.action_dim + a]  # [mean, log-std] of the task's dims
+    pi[last] = {"kernel": pi[last]["kernel"][:, columns], "bias": pi[last]["bias"][columns]}
+    out["pi"] = pi
+    return out, with_first(target_qs, action_rows, lat)
