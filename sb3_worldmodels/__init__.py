@@ -5,6 +5,7 @@ from sb3_worldmodels.common.envs import ActionRepeat, FlattenDictObservation, ma
 from sb3_worldmodels.dreamerv3 import DreamerV3, DreamerV3Config
 from sb3_worldmodels.tdmpc2 import (
     TDMPC2,
+    MultiTaskEvalCallback,
     TaskPool,
     TDMPC2Config,
     TDMPC2MultiTask,
@@ -21,6 +22,7 @@ __all__ = [
     "DreamerV3",
     "DreamerV3Config",
     "FlattenDictObservation",
+    "MultiTaskEvalCallback",
     "TDMPC2Config",
     "TDMPC2MultiTask",
     "TaskPool",

@@ -562,3 +562,33 @@ def test_from_multitask_refuses_another_tasks_env_or_an_unknown_task(recorded_mu
         TDMPC2.from_multitask(recorded_multitask, "c", _LinearTask(5, 2), episode_length=10)
     with pytest.raises(ValueError, match="change the networks' shapes"):
         TDMPC2.from_multitask(recorded_multitask, "a", _LinearTask(3, 1), episode_length=10, mlp_dim=64)
+
+
+def test_evaluation_per_task_during_learn_is_logged(small_pool, tmp_path):
+    """MultiTaskEvalCallback: every eval_freq updates, each task's return and their mean are logged
+    (eval/<task>/mean_reward, eval/mean_reward) and kept; a wrong env is refused before any update."""
+    import csv
+
+    from stable_baselines3.common.logger import configure
+
+    from sb3_worldmodels import MultiTaskEvalCallback
+
+    model = _tiny_multitask(small_pool)
+    model.set_logger(configure(str(tmp_path / "log"), ["csv"]))
+    envs = {"up": _LinearTask(3, 1), "down": _LinearTask(5, 2)}
+    callback = MultiTaskEvalCallback(envs, eval_freq=3, n_eval_episodes=1)
+    model.learn(7, callback=callback, log_interval=100)
+    assert [e["updates"] for e in callback.evaluations] == [3, 6]
+    last = callback.evaluations[-1]
+    assert last["mean"] == pytest.approx((last["up"] + last["down"]) / 2)
+    with open(tmp_path / "log" / "progress.csv") as handle:
+        rows = [row for row in csv.DictReader(handle) if row.get("eval/mean_reward")]
+    assert [float(row["eval/n_updates"]) for row in rows] == [3, 6]
+    assert float(rows[-1]["eval/down/mean_reward"]) == pytest.approx(last["down"], rel=1e-5)
+    assert float(rows[-1]["eval/up/mean_reward"]) == pytest.approx(last["up"], rel=1e-5)
+
+    updates = int(model.state.updates)
+    wrong = MultiTaskEvalCallback({"up": _LinearTask(5, 2)}, eval_freq=1)
+    with pytest.raises(ValueError, match="task 'up'"):
+        model.learn(2, callback=wrong)
+    assert int(model.state.updates) == updates

@@ -10,10 +10,11 @@ from sb3_worldmodels.tdmpc2.dataset import (
     pool_tasks,
     read_reference_chunk,
 )
-from sb3_worldmodels.tdmpc2.multitask import TDMPC2MultiTask
+from sb3_worldmodels.tdmpc2.multitask import MultiTaskEvalCallback, TDMPC2MultiTask
 
 __all__ = [
     "MODEL_SIZES",
+    "MultiTaskEvalCallback",
     "TDMPC2",
     "TDMPC2Config",
     "TDMPC2MultiTask",

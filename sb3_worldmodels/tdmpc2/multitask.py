@@ -81,6 +81,63 @@ class _UpdatesProgressBar(ProgressBarCallback):
         return True
 
 
+class MultiTaskEvalCallback(BaseCallback):
+    """Evaluate a :class:`TDMPC2MultiTask` on each of its tasks every ``eval_freq`` updates, as the
+    reference's offline trainer does (offline_trainer.py:24-39,79-86@b67b21c; its defaults: every
+    50,000 iterations, 10 episodes, eval mode): each task's mean return is logged as
+    ``eval/<task>/mean_reward``, their mean as ``eval/mean_reward``, and kept in :attr:`evaluations`.
+
+    :param envs: task name -> env with that task's spaces (as :meth:`TDMPC2MultiTask.evaluate`).
+    :param eval_freq: updates between evaluations.
+    :param n_eval_episodes: episodes per task.
+    :param deterministic: plan in eval mode (no exploration noise on the chosen action).
+    """
+
+    def __init__(
+        self,
+        envs: Mapping[str, gym.Env],
+        eval_freq: int = 50_000,
+        n_eval_episodes: int = 10,
+        deterministic: bool = True,
+        verbose: int = 0,
+    ) -> None:
+        super().__init__(verbose)
+        if int(eval_freq) < 1 or int(n_eval_episodes) < 1:
+            raise ValueError(
+                f"eval_freq and n_eval_episodes must be positive, got {eval_freq} and {n_eval_episodes}."
+            )
+        self.envs, self.eval_freq, self.n_eval_episodes = dict(envs), int(eval_freq), int(n_eval_episodes)
+        self.deterministic = deterministic
+        self.evaluations: list[dict[str, float]] = []
+        """One dict per evaluation: ``updates``, each task's mean return, and ``mean``."""
+
+    def _init_callback(self) -> None:
+        model: TDMPC2MultiTask = self.model  # type: ignore[assignment]
+        for name, env in self.envs.items():  # a wrong env is refused before any update runs
+            model._check_env(name, model.task_id(name), env)
+
+    def _on_step(self) -> bool:
+        if self.n_calls % self.eval_freq == 0:
+            self.evaluate()
+        return True
+
+    def evaluate(self) -> dict[str, float]:
+        """Evaluate now, log and keep the scores."""
+        model: TDMPC2MultiTask = self.model  # type: ignore[assignment]
+        scores = model.evaluate(self.envs, self.n_eval_episodes, self.deterministic)
+        for name, score in scores.items():
+            self.logger.record("eval/mean_reward" if name == "mean" else f"eval/{name}/mean_reward", score)
+        self.logger.record("eval/n_updates", self.num_timesteps)
+        self.logger.dump(self.num_timesteps)
+        self.evaluations.append({"updates": float(self.num_timesteps), **scores})
+        if self.verbose:
+            print(
+                f"Eval after {self.num_timesteps} updates: "
+                + ", ".join(f"{k} {v:.1f}" for k, v in scores.items())
+            )
+        return scores
+
+
 class TDMPC2MultiTask:
     """One TD-MPC2 model for the tasks of a pool, trained offline.
 
@@ -135,6 +192,7 @@ class TDMPC2MultiTask:
         self.num_timesteps = 0
         self._predict_calls = 0
         self._logger: Logger | None = None
+        self._custom_logger = False
         self.pool: TaskPool | None = None
         if pool is not None:
             self._attach(pool)
@@ -170,6 +228,10 @@ class TDMPC2MultiTask:
             self._logger = configure_logger(self.verbose, self.tensorboard_log, "TDMPC2MultiTask", True)
         return self._logger
 
+    def set_logger(self, logger: Logger) -> None:
+        """Log to ``logger`` from now on (SB3's ``set_logger``: ``learn`` keeps it)."""
+        self._logger, self._custom_logger = logger, True
+
     def get_env(self) -> None:
         """No env: training is offline (SB3 callbacks read it)."""
         return None
@@ -197,7 +259,10 @@ class TDMPC2MultiTask:
             )
         if reset_num_timesteps:
             self.num_timesteps = 0
-        self._logger = configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
+        if not self._custom_logger:
+            self._logger = configure_logger(
+                self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps
+            )
         total_timesteps = self.num_timesteps + int(total_timesteps)  # the target, as SB3's learn has it
         callbacks = [] if callback is None else list(callback) if isinstance(callback, list) else [callback]
         if progress_bar:
