@@ -52,6 +52,7 @@ EVAL_EPISODES, FINAL_EPISODES = 2, 10
 SEED = 0
 RESULTS = Path(__file__).parent / "results"
 DATA = RESULTS / "checkpoints" / "tdmpc2_multitask"
+FIGURES = Path(__file__).resolve().parents[1] / "docs" / "figures"
 
 
 def make_env(task: str, seed: int = 0):
@@ -171,15 +172,64 @@ def multi() -> None:
     print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
 
 
+def plot() -> None:
+    """One SVG per task in docs/figures/: the multi-task model's evaluations over updates, its final
+    score, and the single-task agent's and the random policy's scores, with the bar dashed."""
+    from plot_curves import svg_chart
+
+    result = json.loads((RESULTS / "tdmpc2_multitask.json").read_text())
+    figures = FIGURES
+    ends = [0, result["updates"]]
+    for task, scores in result["tasks"].items():
+        series = [
+            {
+                "x": ends,
+                "y": [scores["single"]] * 2,
+                "color": "#27ae60",
+                "width": 1,
+                "label": "single-task agent",
+            },
+            {
+                "x": ends,
+                "y": [scores["random"]] * 2,
+                "color": "#7f8c8d",
+                "width": 1,
+                "label": "random policy",
+            },
+            {
+                "x": [p["updates"] for p in result["curve"]],
+                "y": [p[task] for p in result["curve"]],
+                "color": "#9bbcd6",
+                "width": 1,
+                "dots": True,
+                "label": f"multi-task, every {EVAL_EVERY_UPDATES:,} updates ({EVAL_EPISODES} episodes)",
+            },
+            {
+                "x": [result["updates"]],
+                "y": [scores["multitask"]],
+                "color": "#c0392b",
+                "width": 2,
+                "dots": True,
+                "label": f"multi-task, final ({FINAL_EPISODES} episodes)",
+            },
+        ]
+        title = f"{task}: multi-task {scores['multitask']:.1f} ({'pass' if scores['passed'] else 'fail'})"
+        target = figures / f"tdmpc2_multitask_{task}.svg"
+        target.write_text(svg_chart(series, scores["bar"], title, "updates"))
+        print(target)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("phase", choices=["single", "multi"])
+    parser.add_argument("phase", choices=["single", "multi", "plot"])
     parser.add_argument("--task", choices=TASKS, default=TASKS[0])
     args = parser.parse_args()
     if args.phase == "single":
         single(args.task)
-    else:
+    elif args.phase == "multi":
         multi()
+    else:
+        plot()
 
 
 if __name__ == "__main__":
