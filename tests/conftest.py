@@ -21,6 +21,11 @@ import pytest
 
 _OWNED_CACHE: list[str] = []
 
+# dm_control picks its OpenGL backend when first imported, which a plugin may do before any test
+# (through shimmy): headless EGL for the pixel tests, unless the run chose a backend or has a display.
+if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
+    os.environ["MUJOCO_GL"] = "egl"
+
 
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: it inherited the controller's settings

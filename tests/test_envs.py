@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -98,3 +102,54 @@ def test_agents_take_dm_control_ids_without_importing_shimmy():
     assert model.agent_episode_length == 500 and model.discount == pytest.approx(0.99)
     assert model.env.observation_space["position"].shape == (3,)
     assert model.env.get_attr("repeat")[0] == 2
+
+
+# ------------------------------------------------------------------------------------------- pixels
+def test_dmc_pixels_are_the_papers_images():
+    """64 x 64 RGB uint8 from camera 0, rendered after the repeated steps; the same seed gives the
+    same images."""
+    env = make_dmc_env("cartpole-balance", pixels=True, seed=0)
+    assert env.observation_space == gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    first, _ = env.reset(seed=3)
+    assert first.shape == (64, 64, 3) and first.dtype == np.uint8 and first.std() > 5
+    frames = [env.step(np.ones(1, np.float32))[0] for _ in range(5)]
+    assert all(env.observation_space.contains(f) for f in frames)
+    assert np.abs(frames[-1].astype(int) - first).sum() > 0  # the cart moved
+    physics = env.unwrapped._env.physics
+    np.testing.assert_array_equal(frames[-1], physics.render(64, 64, camera_id=0))
+    again = make_dmc_env("cartpole-balance", pixels=True).reset(seed=3)[0]
+    np.testing.assert_array_equal(again, first)
+    assert make_dmc_env("quadruped-walk", pixels=True).get_wrapper_attr("camera") == 2
+
+
+def test_dmc_frame_stack_repeats_the_reset_frame_then_shifts():
+    env = make_dmc_env("cartpole-balance", pixels=True, frame_stack=3, size=32)
+    assert env.observation_space.shape == (32, 32, 9)
+    obs, _ = env.reset(seed=0)
+    np.testing.assert_array_equal(obs[..., 0:3], obs[..., 6:9])
+    np.testing.assert_array_equal(obs[..., 3:6], obs[..., 6:9])
+    nxt = env.step(np.ones(1, np.float32))[0]
+    np.testing.assert_array_equal(nxt[..., 0:6], obs[..., 3:9])  # the oldest frame left
+    assert not np.array_equal(nxt[..., 6:9], obs[..., 6:9])
+
+
+def _run_fresh(code: str, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
+    return subprocess.run(
+        [sys.executable, "-c", code], env={**env, **env_vars}, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_headless_rendering_is_chosen_without_a_display_and_a_missing_renderer_says_how():
+    code = (
+        "from sb3_worldmodels import make_dmc_env\n"
+        "import os\n"
+        "obs, _ = make_dmc_env('cartpole-balance', pixels=True).reset(seed=0)\n"
+        "print(os.environ['MUJOCO_GL'], obs.shape, obs.dtype)\n"
+    )
+    ok = _run_fresh(code)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "egl (64, 64, 3) uint8" in ok.stdout
+    broken = _run_fresh(code, MUJOCO_GL="glfw")  # GLFW needs a display: no renderer
+    assert broken.returncode != 0
+    assert "no usable renderer" in broken.stderr and "MUJOCO_GL=egl" in broken.stderr
