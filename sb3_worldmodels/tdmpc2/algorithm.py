@@ -213,8 +213,10 @@ class TDMPC2(WorldModelAlgorithm):
             )
         params, target = networks.single_task_params(c, model.state.params, model.state.target_qs, k, ours[0])
         state = agent.policy.state
-        shapes = lambda tree: jax.tree_util.tree_map(np.shape, tree)  # noqa: E731
-        if shapes(params) != shapes(state["agent"].params):
+        if not (
+            networks.same_layout(params, state["agent"].params)
+            and networks.same_layout(target, state["agent"].target_qs)
+        ):
             raise ValueError(
                 f"{', '.join(sorted(kwargs))} change the networks' shapes: the agent cannot take the "
                 "multi-task model's parameters (leave the architecture to the model)."

@@ -27,6 +27,7 @@ from stable_baselines3.common.utils import configure_logger
 
 from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.tdmpc2 import agent as core
+from sb3_worldmodels.tdmpc2 import networks
 from sb3_worldmodels.tdmpc2.config import TDMPC2Config, preset
 from sb3_worldmodels.tdmpc2.dataset import TaskPool, load_pool
 
@@ -412,8 +413,10 @@ class TDMPC2MultiTask:
                 "pool of its tasks, in its order."
             )
         params, target = params_from_state_dict(sd)
-        shapes = lambda tree: jax.tree_util.tree_map(np.shape, tree)  # noqa: E731
-        if shapes(params) != shapes(model.state.params) or shapes(target) != shapes(model.state.target_qs):
+        if not (
+            networks.same_layout(params, model.state.params)
+            and networks.same_layout(target, model.state.target_qs)
+        ):
             raise ValueError(
                 f"the checkpoint's layers do not have the shapes of a size-{model_size} model for this pool "
                 "(padded widths, action dims, task_dim): check model_size and the pool's tasks."

@@ -411,6 +411,12 @@ def policy_head(
 # ------------------------------------------------------------------------------------------------
 
 
+def same_layout(a: dict, b: dict) -> bool:
+    """Whether two parameter trees have the same structure and leaf shapes."""
+    shapes = functools.partial(jax.tree_util.tree_map, np.shape)
+    return bool(shapes(a) == shapes(b))
+
+
 def single_task_params(
     config: TDMPC2Config, params: dict, target_qs: dict, task: int, obs_dim: int
 ) -> tuple[dict, dict]:
