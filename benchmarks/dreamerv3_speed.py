@@ -6,6 +6,8 @@
                                                              # (the learning checks' settings)
     python benchmarks/dreamerv3_speed.py --config default    # Pendulum-v1, "12m", 16 envs, 16x64, ratio 512
     python benchmarks/dreamerv3_speed.py --config update-1m  # one "1m" update at 16x64
+    python benchmarks/dreamerv3_speed.py --config update-1m-pixels  # the same from 64x64x3 images
+                                                             # (also update-12m, update-12m-pixels)
 
 The learning runs also report where the timed (post-compilation) seconds went: the env steps, the
 policy step with its transfers, the replay writes, the replay sampling, the updates (the jitted
@@ -130,15 +132,25 @@ def run_learning(name: str, seed: int, rows: int | None = None) -> dict:
     }
 
 
-def run_update(model_size: str, batch_size: int, batch_length: int, repeats: int) -> dict:
+def run_update(
+    model_size: str, batch_size: int, batch_length: int, repeats: int, pixels: bool = False
+) -> dict:
+    """One update (and, from pixels, one acting step for 16 envs) on a synthetic batch: CartPole's
+    spaces, or 64 x 64 x 3 images and the same actions with ``pixels``."""
+    image = dict(obs_dim=0, image_shape=(64, 64, 3)) if pixels else dict(obs_dim=4)
     cfg = preset(
-        model_size, obs_dim=4, action_dim=2, discrete=True, batch_size=batch_size, batch_length=batch_length
+        model_size, **image, action_dim=2, discrete=True, batch_size=batch_size, batch_length=batch_length
     )
     state = core.init_state(cfg, jax.random.PRNGKey(0))
     rng = np.random.default_rng(0)
     shape = (1, batch_size, batch_length + 1)
+    observation = (
+        {"image": rng.integers(0, 256, size=(*shape, *cfg.image_shape), dtype=np.uint8)}
+        if pixels
+        else {"obs": rng.normal(size=(*shape, cfg.obs_dim)).astype(np.float32)}
+    )
     batch = {
-        "obs": rng.normal(size=(*shape, cfg.obs_dim)).astype(np.float32),
+        **observation,
         "action": np.eye(2, dtype=np.float32)[rng.integers(0, 2, size=shape)],
         "reward": rng.normal(size=shape).astype(np.float32),
         "is_first": np.zeros(shape, bool),
@@ -159,25 +171,67 @@ def run_update(model_size: str, batch_size: int, batch_length: int, repeats: int
         out = compiled(out[0], batch)
         jax.block_until_ready(out)
         times.append(time.perf_counter() - t)
+    row_bytes = sum(v[0, 0, 0].nbytes for v in batch.values())  # the replay's fields, one row
     return {
-        "config": f"update-{model_size}",
+        "config": f"update-{model_size}" + ("-pixels" if pixels else ""),
         "batch": f"{batch_size}x{batch_length}",
         "compile_seconds": round(compile_s, 1),
         "ms_per_update_median": round(1000 * float(np.median(times)), 1),
         "ms_per_update_min": round(1000 * float(np.min(times)), 1),
+        **time_acting(
+            cfg,
+            out[0],
+            {
+                k[0]: v[0, :, 0]
+                for k, v in [(("obs" if k == "obs" else k,), v) for k, v in observation.items()]
+            },
+            repeats,
+        ),
+        "replay_bytes_per_row": int(row_bytes),
         "peak_rss_mb": round(peak_rss_mb(), 1),
+    }
+
+
+def time_acting(cfg, state, observation: dict, repeats: int) -> dict:
+    """ms per acting step of ``policy_step`` for the batch's B envs (one jitted call, no env)."""
+    obs = (
+        {"image": jnp.asarray(observation["image"])}
+        if "image" in observation
+        else jnp.asarray(observation["obs"])
+    )
+    n = (obs["image"] if isinstance(obs, dict) else obs).shape[0]
+    params, carry = core.policy_params(state), core.init_carry(cfg, n)
+    first, key = jnp.zeros(n, bool), jax.random.PRNGKey(0)
+    t0 = time.perf_counter()
+    step = core.policy_step_jit.lower(cfg, params, carry, obs, first, key).compile()
+    compile_s = time.perf_counter() - t0
+    jax.block_until_ready(step(params, carry, obs, first, key))
+    times = []
+    for _ in range(repeats * 10):
+        t = time.perf_counter()
+        action, carry, _, _ = step(params, carry, obs, first, key)
+        jax.block_until_ready(action)
+        times.append(time.perf_counter() - t)
+    return {
+        "acting_envs": n,
+        "acting_compile_seconds": round(compile_s, 1),
+        "ms_per_acting_step_median": round(1000 * float(np.median(times)), 2),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--config", default="seeds", choices=[*CONFIGS, "update-1m", "update-12m"])
+    sizes = ("update-1m", "update-12m")
+    parser.add_argument(
+        "--config", default="seeds", choices=[*CONFIGS, *sizes, *(f"{s}-pixels" for s in sizes)]
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--rows", type=int, default=None, help="total rows (default: the config's)")
     args = parser.parse_args()
     if args.config.startswith("update-"):
-        result = run_update(args.config.split("-")[1], 16, 64, args.repeats)
+        size = args.config.split("-")[1]
+        result = run_update(size, 16, 64, args.repeats, pixels=args.config.endswith("-pixels"))
     else:
         result = run_learning(args.config, args.seed, args.rows)
     result.update(

@@ -61,17 +61,52 @@ class BanditEnv(gym.Env):
         return np.zeros(1, np.float32), reward, True, False, {}
 
 
-class ImageEnv(gym.Env):
-    """Pixel observations, for the unsupported-space error."""
+class ColourEnv(gym.Env):
+    """Pixel observations with a known answer: the image is red or green (drawn at random each step);
+    action 0 pays 1 on red, action 1 pays 1 on green, anything else 0. Episodes last ``length`` steps.
 
-    observation_space = spaces.Box(0, 255, (16, 16, 3), np.uint8)
-    action_space = spaces.Discrete(2)
+    ``layout``: "hwc" (Gymnasium's channel-last), "chw" (channel-first) or "hw" (2-D grayscale, where
+    the two colours are dark and bright); ``dtype``: uint8 or float32 pixels in [0, 255]; ``vector``:
+    a Dict observation {"image", "vector"}, the vector a constant (1, 0).
+    """
+
+    metadata: dict = {"render_modes": []}  # noqa: RUF012
+
+    def __init__(
+        self, size: int = 16, layout: str = "hwc", dtype=np.uint8, vector: bool = False, length: int = 10
+    ) -> None:
+        self.size, self.layout, self.dtype, self.vector, self.length = size, layout, dtype, vector, length
+        shape = {"hwc": (size, size, 3), "chw": (3, size, size), "hw": (size, size)}[layout]
+        image = spaces.Box(0, 255, shape, dtype)
+        self.observation_space = (
+            spaces.Dict({"image": image, "vector": spaces.Box(-1.0, 1.0, (2,), np.float32)})
+            if vector
+            else image
+        )
+        self.action_space = spaces.Discrete(2)
+        self.t, self.colour = 0, 0
+
+    def _obs(self):
+        if self.layout == "hw":
+            image = np.full((self.size, self.size), 60 + 150 * self.colour)
+        else:
+            image = np.zeros((self.size, self.size, 3))
+            image[..., self.colour] = 255
+            if self.layout == "chw":
+                image = np.moveaxis(image, -1, 0)
+        image = image.astype(self.dtype)
+        return {"image": image, "vector": np.array([1.0, 0.0], np.float32)} if self.vector else image
 
     def reset(self, *, seed=None, options=None):
-        return np.zeros((16, 16, 3), np.uint8), {}
+        super().reset(seed=seed)
+        self.t, self.colour = 0, int(self.np_random.integers(2))
+        return self._obs(), {}
 
     def step(self, action):
-        return np.zeros((16, 16, 3), np.uint8), 0.0, True, False, {}
+        reward = float(int(action) == self.colour)
+        self.t += 1
+        self.colour = int(self.np_random.integers(2))
+        return self._obs(), reward, False, self.t >= self.length, {}
 
 
 class NaNEnv(ChainEnv):

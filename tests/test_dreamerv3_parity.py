@@ -246,7 +246,7 @@ def test_forward_intermediates(run: dict[str, Any], step: int) -> None:
     assert_close("prior logits", r["prior_logits"], fw["dynloss/prior_logit"])
     assert_close("dyn", np.maximum(r["dyn_kl"], config.free_nats), fw["dynloss/dyn"])
     assert_close("rep", np.maximum(r["rep_kl"], config.free_nats), fw["dynloss/rep"])
-    assert_close("decoder", r["dec_out"], fw["dec/vector_out_symlog"])
+    assert_close("decoder", r["dec_out"]["vector"], fw["dec/vector_out_symlog"])
     assert_close("reward logits", r["rew_logits"], fw["rew0/logits"])
     assert_close("continue logits", r["con_logits"], fw["con0/logits"])
     assert_close("continue mean", jax.nn.sigmoid(r["con_logits"]), fw["con0/mean"])

@@ -29,7 +29,7 @@ from sb3_worldmodels import DreamerV3, WorldModelCallback
 from sb3_worldmodels.common.boundary import UnsupportedSpaceError
 from sb3_worldmodels.dreamerv3 import agent as core
 from sb3_worldmodels.dreamerv3 import networks as N
-from tests.probe_envs import ChainEnv, DictObsEnv, ImageEnv, NaNEnv, ScriptedEpisodesEnv
+from tests.probe_envs import ChainEnv, DictObsEnv, NaNEnv, ScriptedEpisodesEnv
 
 # One tiny configuration for the whole module, so the jitted functions compile once.
 TINY = dict(
@@ -364,8 +364,6 @@ def test_subproc_and_dict_observations():
 
 
 def test_bad_input_errors(tmp_path):
-    with pytest.raises(UnsupportedSpaceError, match="Image observations"):
-        tiny(ImageEnv(), n_envs=None)
     with pytest.raises(UnsupportedSpaceError, match="MultiDiscrete"):
         tiny(_multidiscrete_env(), n_envs=None)
     with pytest.raises(ValueError, match="norm_reward"):

@@ -312,7 +312,14 @@ DV3_MAP = {
     "rssm_loss.free": ("_config.free_nats", _ID),
     "loss_scales.dyn": ("_config.dyn_scale", _ID),
     "loss_scales.rep": ("_config.rep_scale", _ID),
-    "loss_scales.dec_mlp": ("_config.rec_scale", _ID),  # vector observations only (D18)
+    "loss_scales.dec_mlp": ("_config.rec_scale", _ID),
+    "loss_scales.dec_cnn": ("_config.rec_image_scale", _ID),
+    "enc.simple.depth": ("_config.cnn_depth", _ID),
+    "dec.simple.depth": ("_config.cnn_depth", _ID),
+    "enc.simple.mults": ("_config.cnn_mults", list),
+    "dec.simple.mults": ("_config.cnn_mults", list),
+    "enc.simple.kernel": ("_config.cnn_kernel", _ID),
+    "dec.simple.kernel": ("_config.cnn_kernel", _ID),
     "loss_scales.reward": ("_config.rew_scale", _ID),
     "loss_scales.cont": ("_config.con_scale", _ID),
     "loss_scales.actor": ("_config.actor_scale", _ID),
@@ -374,6 +381,14 @@ DV3_FIXED = {
     "dec.simple.winit": "normal",
     "dec.simple.inputs": ["deter", "stoch"],
     "dec.simple.vecdist": "symlog_mse",
+    "enc.simple.debug_outer": True,  # first encoder conv stride 1 (nets.py:263@2411f7d)
+    "dec.simple.debug_outer": True,  # decoder output conv stride 1 (nets.py:354-356@2411f7d)
+    "dec.simple.block_space": 8,  # networks.DECODER_SPACE_BLOCKS
+    "dec.simple.hidden_stoch": True,  # space1hid
+    "dec.simple.space_hidden": 0,
+    "dec.simple.block_fans": False,
+    "dec.simple.block_norm": False,
+    "dec.simple.outscale": 1.0,  # the image output conv (vector outputs use the Dist default 0.1)
     "rewhead.act": "silu",
     "rewhead.norm": "rms",
     "rewhead.dist": "symexp_twohot",
@@ -436,16 +451,11 @@ DV3_FIXED = {
     "replay.fracs.recency": 0.0,
     "wrapper.discretize": 0,  # continuous actions are not discretised
 }
-DV3_ENV_FIXED = {"env.dmc.image": False}  # vector (proprio) observations only (D18)
+DV3_ENV_FIXED = {"env.dmc.image": False}  # the proprio protocol: vector observations
 
 DV3_REF_ONLY = {
-    "image (CNN) encoder/decoder settings: vector observations only here (D18)": (
-        r"enc\.simple\.(depth|mults|kernel|minres|debug_outer)",
-        r"dec\.simple\.(depth|mults|kernel|minres|debug_outer|block_space|hidden_stoch|space_hidden)",
-        r"dec\.simple\.(block_fans|block_norm)",
-        # vector output layers use the Dist default outscale 0.1, not this key (nets.py:321,408,420@2411f7d)
-        r"dec\.simple\.outscale",
-        r"loss_scales\.dec_cnn",
+    "the CNN's final resolution: derived from the image size here (H / 16), asserted there": (
+        r"(enc|dec)\.simple\.minres",
     ),
     "options whose only value makes them unused (fracs uniform 1.0, separate_lrs False, norms off)": (
         r"replay\.prio\..*",
@@ -500,6 +510,8 @@ DV3_OURS_ONLY = {
     "action_dim": "from the env (the reference's act_space: compared below)",
     "discrete": "from the env (compared below)",
     "obs_keys": "from the env: the decoder's per-key outputs (compared with enc_space below)",
+    "image_shape": "from the env: the image keys stacked along the channels (none in these settings)",
+    "image_keys": "from the env: the decoder's per-key image outputs (none in these settings)",
     "learning_rate": "left at its default on purpose; the SB3 learning_rate is compared with opt.lr",
     "matmul_precision": "float32 compute here; the reference's jax.compute_dtype is bfloat16 (D1)",
 }
@@ -519,6 +531,7 @@ DV3_DOCUMENTED_GYM = {
     "run.train_ratio": (512, "D23"),
     **{k: (v, "D3") for k, v in _200M_TO_1M.items()},
     **{k: (64, "D3") for k in _UNITS},
+    **{k: (4, "D3") for k in ("enc.simple.depth", "dec.simple.depth")},
 }
 
 
@@ -558,6 +571,7 @@ def _check_dv3(model, rec, *, env_map, env_fixed, documented, extra_ref_only) ->
         "dyn.rssm.hidden": model._config.hidden,
         "dyn.rssm.classes": model._config.classes,
         **{k: model._config.units for k in _UNITS},
+        **{k: model._config.cnn_depth for k in ("enc.simple.depth", "dec.simple.depth")},
     }
     for key, (expected, dev_id) in documented.items():
         assert _same(ours_documented[key], expected), f"{key} ({dev_id}): ours {ours_documented[key]!r}"

@@ -41,6 +41,7 @@ class Break:
 
 
 D_AGENT = "sb3_worldmodels/dreamerv3/agent.py"
+D_NETS = "sb3_worldmodels/dreamerv3/networks.py"
 T_AGENT = "sb3_worldmodels/tdmpc2/agent.py"
 
 BREAKS = [
@@ -81,6 +82,12 @@ BREAKS = [
     Break("dreamerv3", "agc_limit", "adaptive gradient clipping limit without the pmin floor",
           "sb3_worldmodels/blocks/optim.py", "limit = clip * jnp.maximum(pmin, param_norm)",
           "limit = clip * param_norm"),
+    Break("dreamerv3", "pixel_offset", "image encoder input in [0, 1] instead of [-0.5, 0.5]",
+          D_NETS, "* PIXEL_SCALE - 0.5", "* PIXEL_SCALE"),
+    Break("dreamerv3", "decoder_space_layout", "image decoder's block-linear map without its block layout",
+          D_NETS, "jnp.moveaxis(x0, -4, -2).reshape(", "x0.reshape("),
+    Break("dreamerv3", "image_loss_scale", "image reconstruction loss weighted 0.5",
+          D_AGENT, '"rec_image": config.rec_image_scale,', '"rec_image": 0.5 * config.rec_image_scale,'),
     # --- TD-MPC2: coefficients, targets, normaliser, clip, schedule
     Break("tdmpc2", "consistency_coef", "consistency loss coefficient 20 -> 10",
           T_AGENT, "config.consistency_coef * consistency", "0.5 * config.consistency_coef * consistency"),
@@ -112,7 +119,11 @@ BREAKS = [
 ]  # fmt: skip
 
 TESTS = {
-    "dreamerv3": ["tests/test_dreamerv3_parity.py", "tests/test_dreamerv3_parity_trained.py"],
+    "dreamerv3": [
+        "tests/test_dreamerv3_parity.py",
+        "tests/test_dreamerv3_parity_trained.py",
+        "tests/test_dreamerv3_parity_images.py",
+    ],
     "tdmpc2": ["tests/test_tdmpc2_parity.py", "tests/test_tdmpc2_parity_trained.py"],
 }
 

@@ -27,6 +27,7 @@ __all__ = [
     "RMS_EPS",
     "TRUNC_NORMAL_STD_CORRECTION",
     "BlockLinear",
+    "Conv",
     "Dense",
     "NormedDense",
     "RMSNorm",
@@ -408,3 +409,46 @@ class BlockLinear(nn.Module):
         if self.norm:
             x = RMSNorm(name="norm")(x)
         return get_act(self.act)(x)
+
+
+class Conv(nn.Module):
+    """2-D convolution on channel-last images → optional RMSNorm over channels (``norm/scale``) →
+    activation (DreamerV3 nets.py:533-590@2411f7d).
+
+    ``kernel`` (k, k, I, depth) uses :func:`trunc_normal_fan_in` (fan-in k·k·I, also when transposed)
+    with ``outscale``; ``bias`` (depth,) zeros. SAME padding. ``transpose``: ``jax.lax.conv_transpose``
+    (the kernel not flipped), which multiplies the height and width by ``stride``; otherwise a plain
+    strided convolution, which divides them (rounding up).
+
+    Input (..., H, W, I) → output (..., H', W', depth); leading axes are flattened around the call.
+    """
+
+    depth: int
+    kernel: int
+    stride: int = 1
+    transpose: bool = False
+    norm: bool = True
+    act: str = "silu"
+    outscale: float = 1.0
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        k = self.kernel
+        shape = (k, k, x.shape[-1], self.depth)
+        kernel = self.param("kernel", trunc_normal_fan_in(self.outscale), shape, jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros, (self.depth,), jnp.float32)
+        lead = x.shape[:-3]
+        x = jnp.asarray(x, self.dtype).reshape(-1, *x.shape[-3:])
+        strides = (self.stride, self.stride)
+        numbers = ("NHWC", "HWIO", "NHWC")
+        kernel = kernel.astype(self.dtype)
+        if self.transpose:
+            x = jax.lax.conv_transpose(x, kernel, strides, "SAME", dimension_numbers=numbers)
+        else:
+            x = jax.lax.conv_general_dilated(x, kernel, strides, "SAME", dimension_numbers=numbers)
+        x = x + bias.astype(self.dtype)
+        if self.norm:
+            x = RMSNorm(name="norm")(x)
+        x = get_act(self.act)(x)
+        return x.reshape(*lead, *x.shape[1:])

@@ -48,9 +48,11 @@ from sb3_worldmodels.blocks.random import fold_in_rows
 from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.boundary import (
     ActionAdapter,
+    AgentObservation,
     ObservationAdapter,
     check_finite_arrays,
     check_rewards,
+    observation_rows,
 )
 from sb3_worldmodels.common.callbacks import WorldModelCallback
 from sb3_worldmodels.common.envs import ActionRepeat, register_dm_control, vec_env_from_gymnasium
@@ -257,7 +259,7 @@ def _fsync_directory(folder: Path) -> None:
 class WorldModelAlgorithm(OffPolicyAlgorithm):
     """Base class of the JAX world-model agents (see the module docstring)."""
 
-    policy_aliases = {"MlpPolicy": JaxPolicy, "MultiInputPolicy": JaxPolicy}  # noqa: RUF012
+    policy_aliases = {"MlpPolicy": JaxPolicy, "MultiInputPolicy": JaxPolicy, "CnnPolicy": JaxPolicy}  # noqa: RUF012
     policy: JaxPolicy
     replay_buffer: Any  # the agent's replay_class (SequenceReplay, EpisodeReplay) or None
     model_size: Any
@@ -265,6 +267,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
     _last_obs: Any
     agent_name = "world model agent"
     allow_discrete = True
+    allow_images = False
     default_n_envs = 1
     nan_allowed_metrics: tuple[str, ...] = ()  # metric prefixes that are NaN by design (not guarded)
     # What a subclass provides, as class attributes:
@@ -336,10 +339,10 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             isinstance(policy, (gym.Env, VecEnv, gym.vector.VectorEnv)) or _is_env_id(policy)
         ):
             policy, env = "MlpPolicy", policy
-        if policy == "CnnPolicy":
+        if policy == "CnnPolicy" and not self.allow_images:
             raise ValueError(
-                f"{self.agent_name} does not support image observations yet (CnnPolicy): use the env's state "
-                "observation with 'MlpPolicy' (or 'MultiInputPolicy' for Dict observations)."
+                f"{self.agent_name} does not learn from images yet (CnnPolicy): use the env's state "
+                "observation with 'MlpPolicy' (or 'MultiInputPolicy' for Dict observations), or DreamerV3."
             )
         if isinstance(policy, str) and policy not in self.policy_aliases:
             raise ValueError(_unknown_name_message(policy, self.policy_aliases))
@@ -394,7 +397,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
                 raise ValueError(_unknown_name_message(env, {}))
         if isinstance(env, (gym.Env, VecEnv)):
             # Clear errors before SB3's own assertions on the spaces.
-            ObservationAdapter.from_space(env.observation_space, self.agent_name)
+            ObservationAdapter.from_space(env.observation_space, self.agent_name, self.allow_images)
             ActionAdapter.from_space(env.action_space, self.agent_name, self.allow_discrete)
         if isinstance(policy, str) and policy in self.policy_aliases:
             policy = self.policy_aliases[policy]  # SB3 refuses the "MlpPolicy" string with Dict spaces
@@ -465,7 +468,9 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
     def _setup_model(self) -> None:
         self._setup_lr_schedule()
         self.set_random_seed(self.seed)
-        self.obs_adapter = ObservationAdapter.from_space(self.observation_space, self.agent_name)
+        self.obs_adapter = ObservationAdapter.from_space(
+            self.observation_space, self.agent_name, self.allow_images
+        )
         self.action_adapter = ActionAdapter.from_space(
             self.action_space, self.agent_name, self.allow_discrete
         )
@@ -483,7 +488,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         self._wm_callbacks: list[WorldModelCallback] = []
         self._eval_callbacks: list[EvalCallback] = []
         self._resumed = False
-        self._flat_obs: tuple[Any, np.ndarray] | None = None  # (an observation, it flattened)
+        self._flat_obs: tuple[Any, AgentObservation] | None = None  # (an observation, it flattened)
         if not hasattr(self, "at_episode_boundary"):
             self.at_episode_boundary = True  # every env between episodes (saved with the model)
 
@@ -891,7 +896,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
                 ) from error
             where = f" at step {self.num_timesteps} (num_timesteps, before this step)"
             check_rewards(rewards, where)
-            flat_obs = self.obs_adapter.flatten(new_obs, where)
+            flat_obs = self.obs_adapter.convert(new_obs, where)
             self.num_timesteps += self._rows_in_step(dones)
             num_collected_steps += 1
             callback.update_locals(locals())
@@ -916,29 +921,30 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         callback.on_rollout_end()
         return RolloutReturn(num_collected_steps * env.num_envs, num_collected_episodes, continue_training)
 
-    def _flat_last_obs(self) -> np.ndarray:
+    def _flat_last_obs(self) -> AgentObservation:
         """``_last_obs`` flattened, reusing the step's flattening unless SB3 reset the envs since."""
         if self._flat_obs is None or self._flat_obs[0] is not self._last_obs:
-            self._flat_obs = (self._last_obs, self.obs_adapter.flatten(self._last_obs))
+            self._flat_obs = (self._last_obs, self.obs_adapter.convert(self._last_obs))
         return self._flat_obs[1]
 
     def _rows_in_step(self, dones: np.ndarray) -> int:
         """How much ``num_timesteps`` advances for one vector step."""
         return len(dones)
 
-    def _collect_act(self, obs: np.ndarray, learning_starts: int) -> np.ndarray:
-        """(n_envs, A) agent-unit actions for the current observations ``obs`` (n_envs, O)."""
+    def _collect_act(self, obs: AgentObservation, learning_starts: int) -> np.ndarray:
+        """(n_envs, A) agent-unit actions for the current observations ``obs`` (n_envs, O) (with
+        images, an :data:`~sb3_worldmodels.common.boundary.AgentObservation` dict)."""
         raise NotImplementedError
 
     def _collect_observe(
-        self, obs: np.ndarray, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+        self, obs: AgentObservation, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
     ) -> None:
         """Record the step's outcome, ``obs`` (n_envs, O) flattened (replay rows, episode starts,
         training schedule)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ predict
-    def _predict_batch(self, observation: Any) -> tuple[np.ndarray, bool]:
+    def _predict_batch(self, observation: Any) -> tuple[AgentObservation, bool]:
         if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict):
             raise ValueError(
                 "predict() got an (obs, info) tuple: pass only the observation returned by reset()."
@@ -949,7 +955,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
                 observation = {k: np.asarray(v)[None] for k, v in observation.items()}
             else:
                 observation = np.asarray(observation)[None]
-        return self.obs_adapter.flatten(observation), vectorized
+        return self.obs_adapter.convert(observation), vectorized
 
     def _predict_inputs(
         self,
@@ -958,12 +964,12 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         episode_start: Any,
         deterministic: Any,
         warn_stateless: bool = True,
-    ) -> tuple[np.ndarray, bool, list[np.ndarray], np.ndarray]:
+    ) -> tuple[AgentObservation, bool, list[np.ndarray], np.ndarray]:
         """The checked inputs of ``predict``: (flat observations (n, O), whether they were a batch, the
         carried state as float32 arrays (zeros when ``state`` is None), (n,) episode starts).
         ``warn_stateless`` counts the call for the stateless-``predict`` warning."""
         obs, vectorized = self._predict_batch(observation)
-        n = obs.shape[0]
+        n = observation_rows(obs)
         given_starts = self._check_predict_args(deterministic, episode_start, n)
         if warn_stateless:
             self._count_stateless_predict(state, episode_start)
@@ -1008,7 +1014,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         obs, vectorized, carried, starts = self._predict_inputs(
             observation, state, episode_start, deterministic=True, warn_stateless=False
         )
-        agent_actions = self._rollout_actions(actions, obs.shape[0], vectorized, agent_units)
+        agent_actions = self._rollout_actions(actions, observation_rows(obs), vectorized, agent_units)
         out = self._open_loop(obs, agent_actions, carried, starts)
         return {k: (np.asarray(v) if vectorized else np.asarray(v)[0]) for k, v in out.items()}
 
@@ -1034,7 +1040,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         return np.asarray(flat, np.float32).reshape(n, steps, -1)
 
     def _open_loop(
-        self, obs: np.ndarray, actions: np.ndarray, carried: list[np.ndarray], starts: np.ndarray
+        self, obs: AgentObservation, actions: np.ndarray, carried: list[np.ndarray], starts: np.ndarray
     ) -> dict[str, Any]:
         """The agent's open-loop predictions from flat observations ``obs`` (n, O) along agent
         ``actions`` (n, T, A), given ``predict``'s checked state ``carried`` and (n,) ``starts``."""
@@ -1050,7 +1056,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
         env_actions = self.action_adapter.to_env(actions)
         return env_actions if vectorized else np.asarray(env_actions[0])  # 0-d for one Discrete action
 
-    def _terminal_observations(self, infos: list[dict], envs: np.ndarray) -> np.ndarray:
+    def _terminal_observations(self, infos: list[dict], envs: np.ndarray) -> AgentObservation:
         """(len(envs), O) flat ``terminal_observation`` of the finished episodes of ``envs``."""
         observations = [infos[i].get("terminal_observation") for i in envs]
         if any(o is None for o in observations):
@@ -1061,7 +1067,7 @@ class WorldModelAlgorithm(OffPolicyAlgorithm):
             batch = {k: np.stack([o[k] for o in observations]) for k in observations[0]}
         else:
             batch = np.stack(observations)  # type: ignore[assignment]
-        return self.obs_adapter.flatten(batch)
+        return self.obs_adapter.convert(batch)
 
     def _predict_keys(self, deterministic: bool, *inputs: np.ndarray) -> jax.Array:
         """(n, 2) PRNG keys for a ``predict`` call on n rows, one per row.

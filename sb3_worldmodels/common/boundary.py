@@ -1,6 +1,7 @@
 """Where numpy meets JAX: observation and action conversion between SB3 envs and the agents.
 
-The agents see flat float32 observation vectors and actions in the agent's own units: a vector in
+The agents see flat float32 observation vectors (with uint8 channel-last images beside them when the
+observation has images) and actions in the agent's own units: a vector in
 [-1, 1] (continuous, mapped onto the env's bounds here) or a one-hot vector (Discrete). Everything
 that crosses the boundary is checked here, once, with errors that name the problem and the fix.
 """
@@ -18,90 +19,204 @@ class UnsupportedSpaceError(ValueError):
     """An observation or action space the agent cannot use."""
 
 
+AgentObservation = np.ndarray | dict[str, np.ndarray]
+"""A batch of observations as the agents take them: the flat float32 vectors (n, O), or, for an
+observation with images, a dict with "image" (n, H, W, C) uint8 and, when it also has vector keys,
+"vector" (n, O) float32."""
+
+
+def _is_image(space: spaces.Space) -> bool:
+    """Rank 3 is an image, as the reference routes keys by rank (nets.py:238-239@2411f7d); a 2-D uint8
+    Box is a grayscale image without a channel axis (Gymnasium's Atari ``obs_type="grayscale"``)."""
+    return isinstance(space, spaces.Box) and (
+        len(space.shape) == 3 or (space.dtype == np.uint8 and len(space.shape) == 2)
+    )
+
+
 def _box_is_vector(space: spaces.Box) -> bool:
     return len(space.shape) <= 1 or (len(space.shape) == 2 and space.dtype != np.uint8)
 
 
-def _is_image(space: spaces.Space) -> bool:
-    return isinstance(space, spaces.Box) and (
-        len(space.shape) == 3 or (space.dtype == np.uint8 and len(space.shape) >= 2)
-    )
+@dataclass(frozen=True)
+class ImageInput:
+    """One image of an observation: where it is, and how it becomes (H, W, C) uint8 channel-last."""
+
+    key: str
+    """The Dict key, "" for a Box observation."""
+    shape: tuple[int, int, int]
+    """(H, W, C) as the agent sees it."""
+    channels_first: bool
+    """The space is (C, H, W), as SB3's ``VecTransposeImage`` makes it."""
+
+    @classmethod
+    def from_space(cls, key: str, space: spaces.Box, agent: str) -> ImageInput:
+        where = f"Image observation {key!r}" if key else "Image observation"
+        if space.dtype != np.uint8:
+            bounded = np.all(space.low == 0) and np.all(space.high == 255)
+            if not np.issubdtype(space.dtype, np.floating) or not bounded:
+                raise UnsupportedSpaceError(
+                    f"{where} {space}: {agent} stores pixels as uint8 in 0..255. Use a uint8 image space, "
+                    "or a float space with low=0 and high=255 (e.g. multiply [0, 1] images by 255)."
+                )
+        shape = tuple(int(d) for d in space.shape)
+        if len(shape) == 2:
+            return cls(key, (shape[0], shape[1], 1), False)
+        # SB3's rule (is_image_space_channels_first): the smallest axis first means channels first.
+        first = int(np.argmin(shape)) == 0 and shape[0] < shape[-1]
+        hwc = (shape[1], shape[2], shape[0]) if first else shape
+        return cls(key, hwc, first)  # type: ignore[arg-type]
+
+    def convert(self, image: Any, n: int, where: str) -> np.ndarray:
+        """(n, *space shape) or (n, H, W, C) → (n, H, W, C) uint8; refuses other shapes and float pixels
+        outside [0, 255] or not finite."""
+        image = np.asarray(image)
+        name = f"Image observation {self.key!r}" if self.key else "Image observation"
+        expected = self.shape[2:] + self.shape[:2] if self.channels_first else self.shape
+        # Channel-last images are taken for a channel-first space too, as SB3's predict takes an
+        # untransposed observation of a VecTransposeImage env (preprocessing.maybe_transpose).
+        move = self.channels_first and image.shape[1:] == expected and expected != self.shape
+        if image.shape[1:] == self.shape[:2] and self.shape[2] == 1:
+            image = image[..., None]
+        elif image.shape[1:] not in (expected, self.shape):
+            raise ValueError(
+                f"{name} has shape {image.shape[1:]} per env{where}, expected {expected} as the observation "
+                "space says. Resize the env's images to the space's size (e.g. gymnasium.wrappers."
+                "ResizeObservation) or fix the space."
+            )
+        if image.dtype != np.uint8:
+            if not np.issubdtype(image.dtype, np.number) or image.dtype.kind == "c":
+                raise ValueError(f"{name} has dtype {image.dtype}{where}: pixels must be uint8 or floats.")
+            bad = ~(np.isfinite(image) & (image >= 0) & (image <= 255))
+            if np.any(bad):
+                index = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise ValueError(
+                    f"{name} holds {image[index]} at {index}{where}: pixels must be finite and within "
+                    "[0, 255] (they are stored as uint8). Scale [0, 1] images by 255 or pass uint8 images."
+                )
+            image = np.rint(image).astype(np.uint8)
+        if move:
+            image = np.moveaxis(image, 1, -1)
+        return np.ascontiguousarray(image.reshape(n, *self.shape))
 
 
 @dataclass(frozen=True)
 class ObservationAdapter:
-    """Flattens Box or Dict-of-Box observations into float32 vectors of width ``dim``.
+    """Turns Box or Dict-of-Box observations into what the agents take (:data:`AgentObservation`).
 
-    Dict observations (dm_control through shimmy) are concatenated in the key order of the Dict
-    space; scalar keys count as one value. float64 becomes float32.
+    Vector parts: Dict keys are concatenated in the key order of the Dict space; scalar keys count as
+    one value; float64 becomes float32. Images (rank 3, or 2-D uint8) stay images: channel-first ones
+    (SB3's ``VecTransposeImage``) are moved to channel-last, several image keys are stacked along the
+    channels (they must share height and width), float pixels in [0, 255] are stored as uint8.
     """
 
     space: spaces.Space
     keys: tuple[str, ...]
     sizes: tuple[int, ...]
+    images: tuple[ImageInput, ...] = ()
 
     @classmethod
-    def from_space(cls, space: spaces.Space, agent: str) -> ObservationAdapter:
-        supported = (
-            f"{agent} supports flat Box observation vectors and Dict spaces of Box vectors "
-            "(e.g. dm_control through shimmy)"
+    def from_space(cls, space: spaces.Space, agent: str, allow_images: bool = False) -> ObservationAdapter:
+        kinds = (
+            "Box vectors, images and Dict spaces of them"
+            if allow_images
+            else "flat Box vectors and Dict spaces of Box vectors"
         )
+        supported = f"{agent} supports {kinds} (e.g. dm_control through shimmy)"
         if isinstance(space, spaces.Box):
             if _is_image(space):
-                raise UnsupportedSpaceError(
-                    f"Image observations {space} are not supported yet: {supported}. Pixel "
-                    "observations are planned; for now use the environment's state observation."
-                )
+                _refuse_images(space, agent, allow_images)
+                return cls(space, (), (), (ImageInput.from_space("", space, agent),))
             if not _box_is_vector(space):
                 raise UnsupportedSpaceError(f"Observation space {space} is not flat: {supported}.")
             return cls(space, ("",), (int(np.prod(space.shape, dtype=np.int64)),))
         if isinstance(space, spaces.Dict):
-            keys, sizes = [], []
+            keys, sizes, images = [], [], []
             for key, sub in space.spaces.items():
-                if not isinstance(sub, spaces.Box) or _is_image(sub) or not _box_is_vector(sub):
+                if isinstance(sub, spaces.Box) and _is_image(sub):
+                    _refuse_images(sub, agent, allow_images, key)
+                    images.append(ImageInput.from_space(key, sub, agent))
+                    continue
+                if not isinstance(sub, spaces.Box) or not _box_is_vector(sub):
                     raise UnsupportedSpaceError(f"Dict observation key {key!r} has space {sub}: {supported}.")
                 keys.append(key)
                 sizes.append(int(np.prod(sub.shape, dtype=np.int64)))
-            return cls(space, tuple(keys), tuple(sizes))
+            if len({image.shape[:2] for image in images}) > 1:
+                shapes = {image.key: image.shape[:2] for image in images}
+                raise UnsupportedSpaceError(
+                    f"Image keys of different sizes {shapes}: {agent} stacks them along the channels, so "
+                    "they must share height and width. Resize them to one size."
+                )
+            return cls(space, tuple(keys), tuple(sizes), tuple(images))
         raise UnsupportedSpaceError(f"Observation space {space} is not supported: {supported}.")
 
     @property
     def dim(self) -> int:
+        """Width of the vector part (0 for an image alone)."""
         return int(sum(self.sizes))
 
     @property
     def decoder_keys(self) -> tuple[tuple[str, int], ...]:
-        """(key, width) per Dict key in the flat vector's order; empty for a flat Box (one vector)."""
+        """(key, width) per vector Dict key in the flat vector's order; empty for a flat Box (one
+        vector)."""
         if isinstance(self.space, spaces.Dict):
             return tuple(zip(self.keys, self.sizes, strict=True))
+        return ()
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        """(H, W, C) of the images stacked along the channels; empty without an image."""
+        if not self.images:
+            return ()
+        height, width, _ = self.images[0].shape
+        return (height, width, sum(image.shape[2] for image in self.images))
+
+    @property
+    def image_keys(self) -> tuple[tuple[str, int], ...]:
+        """(key, channels) per image Dict key in the channels' order; empty for a Box image."""
+        if isinstance(self.space, spaces.Dict):
+            return tuple((image.key, image.shape[2]) for image in self.images)
         return ()
 
     def is_batched(self, obs) -> bool:
         """Whether ``obs`` carries a leading batch axis (SB3's vectorised-observation test)."""
         if isinstance(self.space, spaces.Dict):
-            key = self.keys[0]
+            key = next(iter(self.space.spaces))
             return np.asarray(obs[key]).ndim > len(self.space.spaces[key].shape)  # type: ignore[arg-type]
         return np.asarray(obs).ndim > len(self.space.shape)  # type: ignore[arg-type]
 
-    def flatten(self, obs, where: str = "") -> np.ndarray:
-        """(n, *shape) or dict of those -> (n, dim) float32; raises on NaN or inf (``where`` is added
-        to that message, e.g. " at step 120")."""
+    def convert(self, obs, where: str = "") -> AgentObservation:
+        """A batch of env observations (n, *shape), or a dict of those → :data:`AgentObservation`;
+        raises on NaN or inf, on images of another shape and on pixels outside [0, 255] (``where`` is
+        added to the message, e.g. " at step 120")."""
         if isinstance(self.space, spaces.Dict):
             if not isinstance(obs, dict):
-                raise TypeError(
-                    f"Expected a dict observation with keys {self.keys}, got {type(obs).__name__}."
-                )
-            missing = [k for k in self.keys if k not in obs]
+                keys = list(self.space.spaces)
+                raise TypeError(f"Expected a dict observation with keys {keys}, got {type(obs).__name__}.")
+            missing = [k for k in self.space.spaces if k not in obs]
             if missing:
-                raise KeyError(f"Observation is missing keys {missing}; expected {list(self.keys)}.")
-            parts = [np.asarray(obs[k], dtype=np.float32) for k in self.keys]
-            n = parts[0].shape[0] if parts[0].ndim > len(self.space.spaces[self.keys[0]].shape) else None  # type: ignore[arg-type]
-            if n is None:
-                raise ValueError("flatten expects batched observations")
-            flat = np.concatenate([p.reshape(n, -1) for p in parts], axis=1)
+                raise KeyError(f"Observation is missing keys {missing}; expected {list(self.space.spaces)}.")
+            first = next(iter(self.space.spaces))
+            if np.asarray(obs[first]).ndim <= len(self.space.spaces[first].shape):  # type: ignore[arg-type]
+                raise ValueError("convert expects batched observations")
+            n = np.asarray(obs[first]).shape[0]
+            parts = [np.asarray(obs[k], dtype=np.float32).reshape(n, -1) for k in self.keys]
+            flat = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0), np.float32)
+        elif self.images:
+            n, flat = np.asarray(obs).shape[0], None
         else:
             arr = np.asarray(obs, dtype=np.float32)
-            flat = arr.reshape(arr.shape[0], -1)
+            n, flat = arr.shape[0], arr.reshape(arr.shape[0], -1)
+        if flat is not None:
+            self._check_vector(flat, where)
+        if not self.images:
+            return flat  # type: ignore[return-value]
+        images = [image.convert(obs[image.key] if image.key else obs, n, where) for image in self.images]
+        out = {"image": images[0] if len(images) == 1 else np.concatenate(images, axis=-1)}
+        if self.dim:
+            out["vector"] = flat  # type: ignore[assignment]
+        return out
+
+    def _check_vector(self, flat: np.ndarray, where: str) -> None:
         if flat.shape[1] != self.dim:
             raise ValueError(f"Observation has {flat.shape[1]} values per env, expected {self.dim}.")
         bad = first_non_finite(flat)
@@ -110,7 +225,25 @@ class ObservationAdapter:
                 f"Non-finite observation (NaN or inf) from env {bad[0]}, index {bad[1]}{where}: the world "
                 "model cannot train on it. Check the environment (or wrap it to clip/replace invalid values)."
             )
-        return flat
+
+
+def _refuse_images(space: spaces.Box, agent: str, allow_images: bool, key: str = "") -> None:
+    if not allow_images:
+        where = f"Dict observation key {key!r} holds an image" if key else "Image observations"
+        raise UnsupportedSpaceError(
+            f"{where} {space}: {agent} does not learn from pixels yet. Use DreamerV3 for images, or the "
+            "environment's state observation."
+        )
+
+
+def observation_rows(obs: AgentObservation) -> int:
+    """The batch size n of an :data:`AgentObservation`."""
+    return int((obs["image"] if isinstance(obs, dict) else obs).shape[0])
+
+
+def map_observation(fn: Any, obs: AgentObservation) -> Any:
+    """``fn`` applied to each array of an :data:`AgentObservation` (the same structure back)."""
+    return {k: fn(v) for k, v in obs.items()} if isinstance(obs, dict) else fn(obs)
 
 
 def first_non_finite(array: Any) -> tuple[int, ...] | None:

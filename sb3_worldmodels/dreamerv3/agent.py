@@ -257,7 +257,7 @@ def policy_step(
     config: DreamerV3Config,
     params: dict,
     carry: Carry,
-    obs: Array,
+    obs: N.Observation,
     is_first: Array,
     key: Array,
     deterministic: bool = False,
@@ -268,7 +268,8 @@ def policy_step(
     Args:
         params: at least {"enc", "dyn", "actor"} (see :func:`policy_params`).
         carry: the previous :class:`Carry`.
-        obs: (n, O) float32 raw observations (symlog is applied inside the encoder).
+        obs: (n, O) float32 raw observations (symlog is applied inside the encoder), or with an image a
+            dict with "image" (n, H, W, C) uint8 (and "vector" (n, O)).
         is_first: (n,) bool; the carry (deter, stoch, previous action) is zeroed where true.
         key: PRNG key for the posterior and action samples.
         deterministic: use the posterior's mode and the actor's mode (argmax / tanh mean).
@@ -453,7 +454,8 @@ def predict_rollout(
         actions: (n, T, A) agent actions (one-hot for discrete, [-1, 1] for continuous).
 
     Returns:
-        "observation" (n, T, O) decoded observations (symexp of the decoder's output), "reward"
+        "observation" (n, T, O) decoded vector observations (symexp of the decoder's output; absent
+        without a vector), "image" (n, T, H, W, C) decoded images in [0, 1] (with an image), "reward"
         (n, T) the reward head's mean (the reward of each step), "continue" (n, T) the continue
         head's probability, "value" (n,) the critic's mean at the last state, "deter" (n, T, D).
     """
@@ -468,7 +470,7 @@ def predict_rollout(
         stoch = onehot_mode(N.rssm_prior(config, dyn, deter))
         heads = N.heads(config, nets, features(deter, stoch))
         out = (
-            symexp(heads["dec"]),
+            {k: symexp(v) if k == "vector" else v for k, v in heads["dec"].items()},
             twohot_mean(heads["rew"], bins),
             jax.nn.sigmoid(heads["con"][..., 0]),
             twohot_mean(heads["critic"], bins),
@@ -479,8 +481,11 @@ def predict_rollout(
     carry = (deter, N.to_blocks(config, deter), stoch)
     _, (obs, reward, cont, value, deters) = jax.lax.scan(step, carry, jnp.swapaxes(actions, 0, 1))
     major = functools.partial(jnp.swapaxes, axis1=0, axis2=1)
+    decoded = {"observation": major(obs["vector"])} if "vector" in obs else {}
+    if "image" in obs:
+        decoded["image"] = major(obs["image"])
     return {
-        "observation": major(obs),
+        **decoded,
         "reward": major(reward),
         "continue": major(cont),
         "value": value[-1],
@@ -534,6 +539,7 @@ def loss_fn(
     losses = {**losses, **imag_losses, "repval": repval}
     scales = {
         "rec": config.rec_scale,
+        "rec_image": config.rec_image_scale,
         "rew": config.rew_scale,
         "con": config.con_scale,
         "dyn": config.dyn_scale,
@@ -570,13 +576,40 @@ def _trained_rows(config: DreamerV3Config, batch: dict[str, Array]) -> dict[str,
             action=batch["action"][:, 0].astype(f32),
         ),
         "prev_action": batch["action"][:, :-1].astype(f32),  # action t-1 for trained rows t = 1..T
-        "obs": batch["obs"][:, 1:].astype(f32),
+        "obs": _trained_observation(config, batch),
         "reward": batch["reward"][:, 1:].astype(f32),
         "is_first": batch["is_first"][:, 1:],
         "is_last": batch["is_last"][:, 1:],
         "is_terminal": is_terminal,
         "cont": 1.0 - is_terminal.astype(f32),
     }
+
+
+def _trained_observation(config: DreamerV3Config, batch: dict[str, Array]) -> N.Observation:
+    """The trained rows' observation (an :data:`~.networks.Observation`): "obs" (B, T, O) float32
+    and, with an image, "image" (B, T, H, W, C) uint8 from the batch's rows 1..T."""
+    vector = batch["obs"][:, 1:].astype(jnp.float32) if config.obs_dim else None
+    if not config.image_shape:
+        return vector  # type: ignore[return-value]
+    image = batch["image"][:, 1:]
+    return {"image": image} if vector is None else {"vector": vector, "image": image}
+
+
+def reconstruction_losses(
+    config: DreamerV3Config, dec: dict[str, Array], obs: N.Observation
+) -> dict[str, Array]:
+    """The decoder's negative log-likelihoods (B, T): "rec", summed over the vector's keys (symlog MSE,
+    jaxutils.py:179-207@2411f7d), and "rec_image", summed over every image key's pixels and channels
+    (the squared error against the image / 255, ``MSEDist(..., 3, 'sum')``, nets.py:362@2411f7d,
+    agent.py:469-470@2411f7d); each only when the observation has it."""
+    vector, image = N.split_observation(obs)
+    losses = {}
+    if vector is not None:
+        losses["rec"] = -symlog_mse_log_prob(dec["vector"], vector)
+    if image is not None:
+        target = jnp.asarray(image, jnp.float32) * N.PIXEL_SCALE
+        losses["rec_image"] = jnp.square(dec["image"] - target).sum((-3, -2, -1))
+    return losses
 
 
 def world_model_loss(
@@ -598,7 +631,7 @@ def world_model_loss(
     dyn_kl = categorical_kl(sg(post), prior).sum(-1)
     rep_kl = categorical_kl(post, sg(prior)).sum(-1)
     losses = {
-        "rec": -symlog_mse_log_prob(dec_out, rows["obs"]),
+        **reconstruction_losses(config, dec_out, rows["obs"]),
         "rew": -twohot_log_prob(rew_logits, rows["reward"], bins),
         "con": -bernoulli_log_prob(con_logits, rows["cont"] * config.gamma),
         "dyn": free_nats(dyn_kl, config.free_nats),

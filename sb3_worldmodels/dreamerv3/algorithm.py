@@ -17,6 +17,7 @@ from sb3_worldmodels.common.base import (
     refuse_foreign_keywords,
     take_sb3_alias,
 )
+from sb3_worldmodels.common.boundary import AgentObservation, map_observation, observation_rows
 from sb3_worldmodels.common.replay import SequenceReplay
 from sb3_worldmodels.common.schedule import RatioSchedule
 from sb3_worldmodels.dreamerv3 import agent as core
@@ -45,6 +46,17 @@ SB3_HINTS = {
 }
 
 
+def _observation_fields(obs: AgentObservation) -> dict[str, np.ndarray]:
+    """The replay fields of a batch of observations: "obs" (n, O) float32 and "image" (n, H, W, C)
+    uint8, each when the observation has it."""
+    if not isinstance(obs, dict):
+        return {"obs": obs}
+    fields = {"image": obs["image"]}
+    if "vector" in obs:
+        fields["obs"] = obs["vector"]
+    return fields
+
+
 def horizon_from_gamma(gamma: float) -> float:
     """SB3's ``gamma`` as DreamerV3's ``return_horizon`` (discount = 1 - 1 / horizon)."""
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma < 1.0:
@@ -62,8 +74,8 @@ class DreamerV3(WorldModelAlgorithm):
 
     Every hyperparameter has the name and the paper-era default of :class:`DreamerV3Config`, where it
     is documented with its source; ``model_size`` picks the preset ("1m" ... "400m", default "12m") and
-    ``units``/``deter``/``hidden``/``classes`` override it. ``learning_rate`` is a float or an SB3
-    schedule of the progress remaining; the 1,000-update warmup multiplies it.
+    ``units``/``deter``/``hidden``/``classes``/``cnn_depth`` override it. ``learning_rate`` is a float
+    or an SB3 schedule of the progress remaining; the 1,000-update warmup multiplies it.
 
     :param buffer_size: replay rows kept over all envs (the reference's ``replay.size``, 5e6,
         configs.yaml:12@2411f7d); the replay is allocated by ``learn`` for at most the rows that the run
@@ -78,11 +90,12 @@ class DreamerV3(WorldModelAlgorithm):
 
     agent_name = "DreamerV3"
     allow_discrete = True
+    allow_images = True
     default_n_envs = 16
     core = core
     config_class = DreamerV3Config
     preset = staticmethod(preset)
-    space_fields = ("obs_dim", "action_dim", "discrete", "obs_keys")
+    space_fields = ("obs_dim", "action_dim", "discrete", "obs_keys", "image_shape", "image_keys")
     replay_class = SequenceReplay
     window_setting = "batch_length"
     stateless_predict_consequence = "is recurrent and forgets everything between such calls"
@@ -106,6 +119,9 @@ class DreamerV3(WorldModelAlgorithm):
         con_layers: int = _D.con_layers,
         actor_layers: int = _D.actor_layers,
         critic_layers: int = _D.critic_layers,
+        cnn_depth: int | None = None,
+        cnn_mults: tuple[int, ...] = _D.cnn_mults,
+        cnn_kernel: int = _D.cnn_kernel,
         bins: int = _D.bins,
         free_nats: float = _D.free_nats,
         unimix: float = _D.unimix,
@@ -113,6 +129,7 @@ class DreamerV3(WorldModelAlgorithm):
         dyn_scale: float = _D.dyn_scale,
         rep_scale: float = _D.rep_scale,
         rec_scale: float = _D.rec_scale,
+        rec_image_scale: float = _D.rec_image_scale,
         rew_scale: float = _D.rew_scale,
         con_scale: float = _D.con_scale,
         actor_scale: float = _D.actor_scale,
@@ -193,6 +210,8 @@ class DreamerV3(WorldModelAlgorithm):
             **super()._space_config(),
             "discrete": self.action_adapter.discrete,
             "obs_keys": self.obs_adapter.decoder_keys,
+            "image_shape": self.obs_adapter.image_shape,
+            "image_keys": self.obs_adapter.image_keys,
         }
 
     def _setup_model(self) -> None:
@@ -215,8 +234,13 @@ class DreamerV3(WorldModelAlgorithm):
 
     def _replay_fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         cfg = self._config
+        observation: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        if cfg.obs_dim:
+            observation["obs"] = ((cfg.obs_dim,), np.dtype(np.float32))
+        if cfg.image_shape:
+            observation["image"] = (tuple(cfg.image_shape), np.dtype(np.uint8))
         return {
-            "obs": ((cfg.obs_dim,), np.dtype(np.float32)),
+            **observation,
             "action": ((cfg.action_dim,), np.dtype(np.float32)),
             "reward": ((), np.dtype(np.float32)),
             "is_first": ((), np.dtype(bool)),
@@ -244,7 +268,7 @@ class DreamerV3(WorldModelAlgorithm):
     def _rows_in_step(self, dones: np.ndarray) -> int:
         return len(dones) + int(np.sum(dones))
 
-    def _collect_act(self, obs: np.ndarray, learning_starts: int) -> np.ndarray:
+    def _collect_act(self, obs: AgentObservation, learning_starts: int) -> np.ndarray:
         if self._rollout is None:
             self._rollout = self._new_rollout(self.n_envs)
         roll = self._rollout
@@ -254,7 +278,7 @@ class DreamerV3(WorldModelAlgorithm):
             self._config,
             core.policy_params(state["agent"]),
             roll.carry,
-            jnp.asarray(obs),
+            map_observation(jnp.asarray, obs),
             jnp.asarray(roll.pending.is_first),
             step_key,
             deterministic=False,
@@ -272,7 +296,7 @@ class DreamerV3(WorldModelAlgorithm):
         return action
 
     def _collect_observe(
-        self, obs: np.ndarray, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+        self, obs: AgentObservation, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
     ) -> None:
         roll = self._rollout
         n = self.n_envs
@@ -282,7 +306,7 @@ class DreamerV3(WorldModelAlgorithm):
         items = self.replay_buffer.add_rows(
             envs,
             {
-                "obs": self._current_obs,
+                **_observation_fields(self._current_obs),
                 "action": self._current_action.astype(np.float32),
                 "reward": roll.pending.reward,
                 "is_first": roll.pending.is_first,
@@ -305,7 +329,7 @@ class DreamerV3(WorldModelAlgorithm):
             items = self.replay_buffer.add_rows(
                 done_envs,
                 {
-                    "obs": terminal_obs,
+                    **_observation_fields(terminal_obs),
                     "action": np.zeros((k, cfg.action_dim), np.float32),
                     "reward": rewards[done_envs],
                     "is_first": np.zeros(k, bool),
@@ -371,7 +395,7 @@ class DreamerV3(WorldModelAlgorithm):
 
     def _predict_step(
         self,
-        obs: np.ndarray,
+        obs: AgentObservation,
         carry: list[np.ndarray],
         starts: np.ndarray,
         key: jax.Array,
@@ -379,13 +403,13 @@ class DreamerV3(WorldModelAlgorithm):
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         """One policy step of ``predict``: obs (n, O), the carried (deter, stoch, action) and (n,)
         starts → (agent actions (n, A), the new (deter, stoch, action))."""
-        n = obs.shape[0]
+        n = observation_rows(obs)
         rows = padded_rows(n)  # one compilation per power of two, not per batch size
         action, new, _, _ = core.policy_step_jit(
             self._config,
             core.policy_params(self.policy.state["agent"]),
             core.Carry(*(jnp.asarray(pad_rows(x, rows)) for x in carry)),
-            jnp.asarray(pad_rows(obs, rows)),
+            map_observation(lambda x: jnp.asarray(pad_rows(x, rows)), obs),
             jnp.asarray(pad_rows(starts, rows)),
             key,
             deterministic=deterministic,
@@ -413,15 +437,16 @@ class DreamerV3(WorldModelAlgorithm):
             returns for ``observation``.
         :param state: what ``predict`` returned at the previous step (None at an episode's start).
         :param episode_start: as for ``predict``.
-        :return: "observation" (n, T, O) predicted (flattened) observations, "reward" (n, T) the
-            reward of each step, "continue" (n, T) the probability that the episode goes on, "value"
-            (n,) the critic's estimate at the last state, "deter" (n, T, D) the model's states; without
-            the n axis for one observation.
+        :return: "observation" (n, T, O) predicted (flattened) vector observations (without it for an
+            image alone), "image" (n, T, H, W, C) predicted images in [0, 1] (with an image), "reward"
+            (n, T) the reward of each step, "continue" (n, T) the probability that the episode goes on,
+            "value" (n,) the critic's estimate at the last state, "deter" (n, T, D) the model's states;
+            without the n axis for one observation.
         """
         return super().predict_rollout(observation, actions, state, episode_start)
 
     def _open_loop(
-        self, obs: np.ndarray, actions: np.ndarray, carried: list[np.ndarray], starts: np.ndarray
+        self, obs: AgentObservation, actions: np.ndarray, carried: list[np.ndarray], starts: np.ndarray
     ) -> dict[str, Any]:
         # The belief after obs: the posterior's mode, as deterministic predict (the key is not used).
         key = self.policy.state["predict_key"]

@@ -35,6 +35,10 @@ MODEL_SIZES: dict[str, tuple[int, int, int, int]] = {
     "400m": (1536, 12288, 1536, 96),
 }
 
+CNN_DEPTHS: dict[str, int] = {"1m": 4, "12m": 16, "25m": 24, "50m": 32, "100m": 48, "200m": 64, "400m": 96}
+"""Base depth of the image encoder and decoder per preset (``.*\\.depth``, configs.yaml:149-177@2411f7d;
+the rule depth = U/16 for "1m")."""
+
 
 @dataclass(frozen=True)
 class DreamerV3Config:
@@ -56,6 +60,13 @@ class DreamerV3Config:
     obs_keys: tuple[tuple[str, int], ...] = ()
     """(key, width) of each key of a Dict observation, in the flat vector's order: the decoder has one
     output layer per key, as the reference (nets.py:310-321@2411f7d). Empty: one key "vector"."""
+    image_shape: tuple[int, ...] = ()
+    """(H, W, C) of the image input, channel-last, every image key's channels side by side (the
+    reference concatenates image keys along channels, nets.py:241,260@2411f7d); empty: no image
+    (set from the env). H = W, divisible by 2 ** (len(cnn_mults) - 1)."""
+    image_keys: tuple[tuple[str, int], ...] = ()
+    """(key, channels) of each image key, in the channels' order: each key is its own decoder output
+    and loss term (nets.py:360-362@2411f7d). Empty with an image: one key "image"."""
 
     # --- network sizes (configs.yaml:113-146; presets :149-177) ---
     units: int = 256
@@ -92,6 +103,17 @@ class DreamerV3Config:
     """Hidden layers of the prior ("img") net (imglayers: 2, configs.yaml:113@2411f7d)."""
     obs_layers: int = 1
     """Hidden layers of the posterior ("obs") net (obslayers: 1, configs.yaml:113@2411f7d)."""
+    cnn_depth: int = 16
+    """Base depth of the image encoder and decoder (``enc.simple.depth``/``dec.simple.depth``,
+    configs.yaml:117,121@2411f7d; 16 is size12m, configs.yaml:151@2411f7d; :data:`CNN_DEPTHS`)."""
+    cnn_mults: tuple[int, ...] = (1, 2, 3, 4, 4)
+    """Depth multipliers of the encoder's convolutions; the decoder's transposed convolutions use all
+    but the last, in reverse (``mults``, configs.yaml:117,121@2411f7d)."""
+    cnn_kernel: int = 5
+    """Kernel size of every (transposed) convolution (``kernel``, configs.yaml:117,121@2411f7d). The
+    first encoder convolution and the decoder's output convolution have stride 1 (``debug_outer``), the
+    others stride 2, so the encoder ends at H / 2 ** (len(cnn_mults) - 1) (the reference's ``minres``, 4
+    for 64 x 64 images and 6 for Atari's 96 x 96, which it asserts, nets.py:265@2411f7d)."""
     bins: int = 255
     """Bins of the reward and critic two-hot heads (symexp spaced, nets.py:462-471@2411f7d; ``bins: 255``,
     configs.yaml:122,129@2411f7d)."""
@@ -111,6 +133,8 @@ class DreamerV3Config:
     (``loss_scales.rep``, configs.yaml:96@2411f7d)."""
     rec_scale: float = 1.0
     """Scale of the observation (decoder) loss (``loss_scales.dec_mlp``, configs.yaml:96@2411f7d)."""
+    rec_image_scale: float = 1.0
+    """Scale of each image key's decoder loss (``loss_scales.dec_cnn``, configs.yaml:96@2411f7d)."""
     rew_scale: float = 1.0
     """Scale of the reward-head loss (``loss_scales.reward``, configs.yaml:96@2411f7d)."""
     con_scale: float = 1.0
@@ -199,7 +223,32 @@ class DreamerV3Config:
     @property
     def decoder_outputs(self) -> tuple[tuple[str, int], ...]:
         """(key, width) of each decoder output layer ``out_<key>``."""
+        if not self.obs_dim:
+            return ()
         return self.obs_keys or (("vector", self.obs_dim),)
+
+    @property
+    def image_outputs(self) -> tuple[tuple[str, int], ...]:
+        """(key, channels) of each image decoder output; empty without an image."""
+        if not self.image_shape:
+            return ()
+        return self.image_keys or (("image", self.image_shape[-1]),)
+
+    @property
+    def cnn_depths(self) -> tuple[int, ...]:
+        """Depth of each encoder convolution."""
+        return tuple(self.cnn_depth * m for m in self.cnn_mults)
+
+    @property
+    def minres(self) -> int:
+        """Height and width at the encoder's end and the decoder's start (0 without an image)."""
+        return self.image_shape[0] // 2 ** (len(self.cnn_mults) - 1) if self.image_shape else 0
+
+    @property
+    def embed_dim(self) -> int:
+        """Width of the encoder's output: the vector embedding (U) then the flat image features."""
+        image = self.minres**2 * self.cnn_depths[-1] if self.image_shape else 0
+        return (self.units if self.obs_dim else 0) + image
 
     @property
     def feat_dim(self) -> int:
@@ -229,18 +278,21 @@ examples, benchmarks and tests (seconds to compile and run; it learns nothing us
 
 _RULES = {
     **dict.fromkeys(
-        ("obs_dim", "action_dim", "units", "deter", "hidden", "classes", "stoch", "blocks", "enc_layers"),
+        ("action_dim", "units", "deter", "hidden", "classes", "stoch", "blocks", "enc_layers"),
         INT_AT_LEAST_1,
     ),
     **dict.fromkeys(
         ("dec_layers", "rew_layers", "con_layers", "actor_layers", "critic_layers", "img_layers"),
         INT_AT_LEAST_1,
     ),
-    **dict.fromkeys(("obs_layers", "bins", "batch_size", "batch_length", "imag_horizon"), INT_AT_LEAST_1),
+    **dict.fromkeys(
+        ("obs_layers", "cnn_depth", "cnn_kernel", "bins", "batch_size", "batch_length", "imag_horizon"),
+        INT_AT_LEAST_1,
+    ),
     **dict.fromkeys(("train_ratio", "return_horizon", "minstd", "maxstd", "learning_rate", "agc"), POSITIVE),
     **dict.fromkeys(("agc_pmin", "eps", "retnorm_limit"), POSITIVE),
-    **dict.fromkeys(("free_nats", "dyn_scale", "rep_scale", "rec_scale", "rew_scale"), NON_NEGATIVE),
-    **dict.fromkeys(("con_scale", "actor_scale", "critic_scale", "repval_scale"), NON_NEGATIVE),
+    **dict.fromkeys(("free_nats", "dyn_scale", "rep_scale", "rec_scale", "rec_image_scale"), NON_NEGATIVE),
+    **dict.fromkeys(("rew_scale", "con_scale", "actor_scale", "critic_scale", "repval_scale"), NON_NEGATIVE),
     **dict.fromkeys(("actent", "slowreg", "warmup", "train_fill"), NON_NEGATIVE),
     **dict.fromkeys(("unimix", "actor_unimix", "beta1", "beta2"), PROBABILITY_BELOW_1),
     **dict.fromkeys(("lam", "repval_lam", "slow_rate", "retnorm_rate"), UNIT_HALF_OPEN),
@@ -253,8 +305,16 @@ def preset(model_size: str, **overrides) -> DreamerV3Config:
     if model_size not in MODEL_SIZES:
         raise ValueError(f"Unknown DreamerV3 model_size {model_size!r}; choose one of {sorted(MODEL_SIZES)}.")
     units, deter, hidden, classes = MODEL_SIZES[model_size]
-    base = DreamerV3Config(units=units, deter=deter, hidden=hidden, classes=classes)
+    base = DreamerV3Config(
+        units=units, deter=deter, hidden=hidden, classes=classes, cnn_depth=CNN_DEPTHS[model_size]
+    )
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    for name in ("cnn_mults", "image_shape"):  # lists after a JSON round trip; the config is hashed
+        if name in overrides:
+            overrides[name] = tuple(int(v) for v in overrides[name])
+    for name in ("obs_keys", "image_keys"):
+        if name in overrides:
+            overrides[name] = tuple((str(k), int(w)) for k, w in overrides[name])
     cfg = base.replace(**overrides)
     check_fields(cfg, _RULES, "DreamerV3")
     if cfg.bins < 2 or cfg.return_horizon <= 1 or cfg.maxstd < cfg.minstd:
@@ -265,6 +325,33 @@ def preset(model_size: str, **overrides) -> DreamerV3Config:
     if cfg.deter % cfg.blocks:
         raise ValueError(f"deter={cfg.deter} must be divisible by blocks={cfg.blocks}.")
     check_matmul_precision(cfg.matmul_precision)
+    _check_observation_fields(cfg)
     if cfg.obs_keys and sum(w for _, w in cfg.obs_keys) != cfg.obs_dim:
         raise ValueError(f"obs_keys {cfg.obs_keys} do not add up to obs_dim={cfg.obs_dim}.")
     return cfg
+
+
+def _check_observation_fields(cfg: DreamerV3Config) -> None:
+    if isinstance(cfg.obs_dim, bool) or not isinstance(cfg.obs_dim, int) or cfg.obs_dim < 0:
+        raise ValueError(f"DreamerV3: obs_dim={cfg.obs_dim!r} is invalid; it must be an integer >= 0.")
+    if not cfg.image_shape:
+        if cfg.obs_dim == 0:
+            raise ValueError("DreamerV3: the observation has neither a vector (obs_dim=0) nor an image.")
+        return
+    if len(cfg.image_shape) != 3 or min(cfg.image_shape) < 1 or not cfg.cnn_mults:
+        raise ValueError(f"DreamerV3: image_shape={cfg.image_shape} must be (H, W, C), each at least 1.")
+    height, width, channels = cfg.image_shape
+    down = 2 ** (len(cfg.cnn_mults) - 1)
+    if height != width or height % down:
+        raise ValueError(
+            f"DreamerV3: images of {height} x {width} pixels do not fit the encoder, which halves a square "
+            f"image {len(cfg.cnn_mults) - 1} times: use square images whose side is a multiple of {down} "
+            "(64 x 64 as the DMC protocols; resize with gymnasium.wrappers.ResizeObservation)."
+        )
+    if cfg.cnn_depths[-1] % 8:
+        raise ValueError(
+            f"DreamerV3: the decoder spreads its first image features over 8 blocks, so the last CNN depth "
+            f"{cfg.cnn_depths[-1]} (cnn_depth x cnn_mults[-1]) must be divisible by 8."
+        )
+    if cfg.image_keys and sum(c for _, c in cfg.image_keys) != channels:
+        raise ValueError(f"image_keys {cfg.image_keys} do not add up to {channels} channels.")

@@ -36,8 +36,10 @@ from sb3_worldmodels.blocks.distributions import normal_head, onehot_mode, unimi
 from sb3_worldmodels.blocks.layers import (
     PREPARED,
     BlockLinear,
+    Conv,
     Dense,
     NormedDense,
+    RMSNorm,
     block_matmul,
     block_matmul_pretransposed,
     hidden_layers,
@@ -60,10 +62,12 @@ __all__ = [
     "Head",
     "Heads",
     "Networks",
+    "Observation",
     "actor_dist",
     "actor_mode",
     "actor_sample",
     "encode",
+    "example_observation",
     "features",
     "heads",
     "init_params",
@@ -74,6 +78,7 @@ __all__ = [
     "rssm_prior",
     "rssm_step",
     "sample_onehot",
+    "split_observation",
     "to_blocks",
 ]
 
@@ -91,6 +96,14 @@ OUTSCALES: dict[tuple[str, str], float] = {
 }
 """Init scale of the output layers (module, layer) (nets.py:816-884@2411f7d); other kernels 1.0."""
 
+DECODER_SPACE_BLOCKS = 8
+"""Blocks of the image decoder's ``space0`` BlockLinear from deter (``dec.simple.block_space: 8``,
+configs.yaml:121@2411f7d), whatever the RSSM's ``blocks``."""
+
+PIXEL_SCALE = np.float32(1.0 / 255.0)
+"""uint8 pixels times this are in [0, 1]: the reference divides by 255.0 (agent.py:469-470@2411f7d),
+which XLA compiles to a multiplication by the rounded reciprocal; multiplying here gives its values."""
+
 MODULES = ("enc", "dyn", "dec", "rew", "con", "actor", "critic")
 """The optimised modules, in the reference's order (agent.py:101-103@2411f7d)."""
 
@@ -100,37 +113,103 @@ MODULES = ("enc", "dyn", "dec", "rew", "con", "actor", "critic")
 # ------------------------------------------------------------------------------------------------
 
 
+Observation = Array | dict[str, Array]
+"""What the encoder reads: the flat float32 vector (..., O), or for an image observation a dict with
+"image" (..., H, W, C) uint8 and, when the observation also has vector keys, "vector" (..., O)."""
+
+
+def split_observation(obs: Observation) -> tuple[Array | None, Array | None]:
+    """(vector or None, image or None) of an :data:`Observation`."""
+    if isinstance(obs, dict):
+        return obs.get("vector"), obs.get("image")
+    return obs, None
+
+
 class Encoder(nn.Module):
-    """symlog(obs) → ``layers`` × [Linear(U) + RMSNorm + SiLU] (nets.py:249-256@2411f7d).
-    (..., O) → (..., U)."""
+    """The vector path symlog(obs) → ``layers`` × [Linear(U) + RMSNorm + SiLU] (``mlp{i}``,
+    nets.py:249-256@2411f7d) and the image path image · :data:`PIXEL_SCALE` − 0.5 → ``conv{i}``
+    [Conv(depth_i, k, stride 1 then 2) + RMSNorm + SiLU] → flatten (h, w, c) (nets.py:258-267@2411f7d),
+    concatenated in that order (nets.py:270@2411f7d).
+
+    :data:`Observation` (...) → (..., U + minres² · depths[-1]) (either part alone without the other).
+    """
 
     units: int
     layers: int = 3
+    vector: bool = True
+    depths: tuple[int, ...] = ()
+    kernel: int = 5
 
     @nn.compact
-    def __call__(self, obs: Array) -> Array:
-        return hidden_layers(symlog(jnp.asarray(obs, jnp.float32)), self.units, self.layers, "mlp")
+    def __call__(self, obs: Observation) -> Array:
+        vector, image = split_observation(obs)
+        outs = []
+        if self.vector:
+            outs.append(
+                hidden_layers(symlog(jnp.asarray(vector, jnp.float32)), self.units, self.layers, "mlp")
+            )
+        if self.depths:
+            x = jnp.asarray(image, jnp.float32) * PIXEL_SCALE - 0.5
+            for i, depth in enumerate(self.depths):
+                x = Conv(depth, self.kernel, 1 if i == 0 else 2, name=f"conv{i}")(x)
+            outs.append(x.reshape(*x.shape[:-3], -1))
+        return outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
 
 
 class Decoder(nn.Module):
-    """Features → ``layers`` hidden layers → one output Linear per observation key (nets.py:310-321
-    @2411f7d): ``out_<key>`` of the key's width, outscale 0.1. The reference clips each layer's
-    gradient by its own norm (AGC per tensor), so the keys are separate layers, not one merged layer.
+    """The observation's reconstruction from the features [deter, flat stoch] (nets.py:310-362@2411f7d).
 
-    (..., F) → (..., O): the keys' predictions in symlog space, concatenated in ``outputs`` order.
+    Vector keys: ``layers`` hidden layers ``mlp{i}`` → one output Linear per key, ``out_<key>`` of the
+    key's width, outscale 0.1 (the reference clips each layer's gradient by its own norm, so the keys
+    are separate layers, not one merged layer). Image: deter → ``space0`` BlockLinear(minres²·d, G)
+    laid out (G, h, w, c) → (h, w, G·c); stoch → ``space1hid`` [Linear(2U) + RMSNorm + SiLU] →
+    ``space1`` Linear to (h, w, d); the sum → ``spacenorm`` RMSNorm + SiLU; ``conv{i}`` transposed
+    convolutions (stride 2, RMSNorm + SiLU) with the encoder's depths but the last, in reverse; then
+    ``imgout``, a stride-1 transposed convolution to the image's channels (outscale 1), and a sigmoid
+    (nets.py:326-357@2411f7d), d = depths[-1].
+
+    (..., F) → {"vector": (..., O) the keys' predictions in symlog space concatenated in ``outputs``
+    order, "image": (..., H, W, C) the predicted image in [0, 1]}, each only when the observation
+    has it.
     """
 
     units: int
     outputs: tuple[tuple[str, int], ...]
-    """(key, width) of each observation key, in the flat observation's order."""
+    """(key, width) of each vector key, in the flat observation's order (empty: no vector)."""
     layers: int = 3
+    image_channels: int = 0
+    depths: tuple[int, ...] = ()
+    kernel: int = 5
+    minres: int = 0
+    deter: int = 0
+    blocks: int = 1
     prefix: ClassVar[str] = "mlp"
 
     @nn.compact
-    def __call__(self, feat: Array, first: Array | None = None) -> Array:
-        x = hidden_layers(feat, self.units, self.layers, self.prefix, first)
-        outs = [Dense(w, outscale=DECODER_OUTSCALE, name=f"out_{k}")(x) for k, w in self.outputs]
-        return outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
+    def __call__(self, feat: Array, first: Array | None = None) -> dict[str, Array]:
+        out = {}
+        if self.outputs:
+            x = hidden_layers(feat, self.units, self.layers, self.prefix, first)
+            outs = [Dense(w, outscale=DECODER_OUTSCALE, name=f"out_{k}")(x) for k, w in self.outputs]
+            out["vector"] = outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
+        if self.image_channels:
+            out["image"] = self._image(feat)
+        return out
+
+    def _image(self, feat: Array) -> Array:
+        g, res, depth = self.blocks, self.minres, self.depths[-1]
+        deter, stoch = feat[..., : self.deter], feat[..., self.deter :]
+        x0 = BlockLinear(res * res * depth, g, name="space0")(deter)
+        x0 = x0.reshape(*x0.shape[:-1], g, res, res, depth // g)
+        x0 = jnp.moveaxis(x0, -4, -2).reshape(*x0.shape[:-4], res, res, depth)
+        x1 = NormedDense(2 * self.units, name="space1hid")(stoch)
+        x1 = Dense(res * res * depth, name="space1")(x1).reshape(*x1.shape[:-1], res, res, depth)
+        x = jax.nn.silu(RMSNorm(name="spacenorm")(x0 + x1))
+        for i in reversed(range(len(self.depths) - 1)):
+            x = Conv(self.depths[i], self.kernel, 2, transpose=True, name=f"conv{i}")(x)
+        out = Conv(self.image_channels, self.kernel, 1, transpose=True, norm=False, act="none", name="imgout")
+        x = out(x)
+        return jax.nn.sigmoid(x)
 
 
 class Head(nn.Module):
@@ -184,10 +263,23 @@ HEAD_KINDS = {"slow": "critic"}
 def _network(config: DreamerV3Config, kind: str, name: str | None = None) -> nn.Module:
     """The module of one network kind (enc, dec, rew, con, critic, actor) of ``config``."""
     u = config.units
+    image = bool(config.image_shape)
+    depths = config.cnn_depths if image else ()
     if kind == "enc":
-        return Encoder(u, config.enc_layers, name=name)
+        return Encoder(u, config.enc_layers, bool(config.obs_dim), depths, config.cnn_kernel, name=name)
     if kind == "dec":
-        return Decoder(u, config.decoder_outputs, config.dec_layers, name=name)
+        return Decoder(
+            u,
+            config.decoder_outputs,
+            config.dec_layers if config.obs_dim else 0,
+            config.image_shape[-1] if image else 0,
+            depths,
+            config.cnn_kernel,
+            config.minres,
+            config.deter,
+            DECODER_SPACE_BLOCKS,
+            name=name,
+        )
     if kind == "actor":
         return Actor(u, config.actor_layers, config.action_dim, config.discrete, name=name)
     layers = {"rew": config.rew_layers, "con": config.con_layers, "critic": config.critic_layers}[kind]
@@ -461,8 +553,9 @@ def actor_mode(config: DreamerV3Config, dist: tuple[Array, Array | None]) -> Arr
 # ------------------------------------------------------------------------------------------------
 
 
-def encode(config: DreamerV3Config, params: dict, obs: Array) -> Array:
-    """:class:`Encoder`: (..., O) raw observations → (..., U) embedding."""
+def encode(config: DreamerV3Config, params: dict, obs: Observation) -> Array:
+    """:class:`Encoder`: raw observations (an :data:`Observation`) → (..., E) embedding, E =
+    ``config.embed_dim``."""
     out: Array = make_networks(config).enc.apply({"params": params}, obs)  # type: ignore[assignment]
     return out
 
@@ -556,10 +649,19 @@ def _init_modules(config: DreamerV3Config, key: Array) -> tuple[dict, dict]:
     deter = jnp.zeros((n, config.deter), jnp.float32)
     stoch = jnp.zeros((n, config.stoch, config.classes), jnp.float32)
     action = jnp.zeros((n, config.action_dim), jnp.float32)
-    obs = jnp.zeros((n, config.obs_dim), jnp.float32)
+    obs = example_observation(config, n)
     feat = jnp.zeros((n, config.feat_dim), jnp.float32)
-    embed = jnp.zeros((n, config.units), jnp.float32)
+    embed = jnp.zeros((n, config.embed_dim), jnp.float32)
     inputs = {"enc": (obs,), "dyn": (deter, stoch, action, embed)}
     params = {m: getattr(nets, m).init(keys[m], *inputs.get(m, (feat,)))["params"] for m in MODULES}
     slow_critic = nets.critic.init(keys["slow_critic"], feat)["params"]
     return params, slow_critic
+
+
+def example_observation(config: DreamerV3Config, n: int) -> Observation:
+    """Zero observations of ``config``'s layout for n rows (an :data:`Observation`)."""
+    vector = jnp.zeros((n, config.obs_dim), jnp.float32)
+    if not config.image_shape:
+        return vector
+    image = jnp.zeros((n, *config.image_shape), jnp.uint8)
+    return {"vector": vector, "image": image} if config.obs_dim else {"image": image}

@@ -53,8 +53,10 @@ def ref_to_path(name: str, keyed_decoder: bool = False) -> tuple[str, tuple[str,
         rest = [rest[0] if keyed_decoder else "out_vector", *rest[2:]]
     elif rest[:1] == ["action"] and module == "actor" and rest[1:2] in (["out"], ["std"]):
         rest = rest[1:]
-    leaf_ok = (len(rest) == 2 and rest[1] in ("kernel", "bias")) or (
-        len(rest) == 3 and rest[1:] == ["norm", "scale"]
+    leaf_ok = (
+        (len(rest) == 2 and rest[1] in ("kernel", "bias"))
+        or (len(rest) == 3 and rest[1:] == ["norm", "scale"])
+        or (module == "dec" and rest == ["spacenorm", "scale"])  # the image decoder's plain norm
     )
     if not leaf_ok or rest[0] in ("dist", "action"):
         raise KeyError(f"unmapped reference name {name!r}")

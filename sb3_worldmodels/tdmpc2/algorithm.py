@@ -18,6 +18,7 @@ from sb3_worldmodels.common.base import (
     refuse_foreign_keywords,
     take_sb3_alias,
 )
+from sb3_worldmodels.common.boundary import AgentObservation
 from sb3_worldmodels.common.envs import vec_agent_steps_per_episode
 from sb3_worldmodels.common.episode_replay import EpisodeReplay
 from sb3_worldmodels.tdmpc2 import agent as core
@@ -294,7 +295,8 @@ class TDMPC2(WorldModelAlgorithm):
         self._owed_updates = 0
 
     # ------------------------------------------------------------------ collection
-    def _collect_act(self, obs: np.ndarray, learning_starts: int) -> np.ndarray:
+    def _collect_act(self, obs: AgentObservation, learning_starts: int) -> np.ndarray:
+        assert isinstance(obs, np.ndarray)  # no images: allow_images is False
         cfg = self._config
         n = self.n_envs
         if self._rollout is None:  # fresh observations after a reset: every env starts an episode
@@ -337,8 +339,9 @@ class TDMPC2(WorldModelAlgorithm):
         )
 
     def _collect_observe(
-        self, obs: np.ndarray, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+        self, obs: AgentObservation, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
     ) -> None:
+        assert isinstance(obs, np.ndarray)  # no images: allow_images is False
         n = self.n_envs
         # Episodes that ended at the previous step become sampleable now: the reference adds a
         # finished episode to its buffer at the start of the next step (trainer/online_trainer.py
@@ -432,6 +435,7 @@ class TDMPC2(WorldModelAlgorithm):
         obs, vectorized, (prev,), first = self._predict_inputs(
             observation, state, episode_start, deterministic
         )
+        assert isinstance(obs, np.ndarray)  # no images: allow_images is False
         cfg, n = self._config, obs.shape[0]
         used_plan = np.where(first[:, None, None], 0.0, prev)  # a restart ignores the plan
         keys = self._predict_keys(bool(deterministic), obs, used_plan, first)
@@ -471,8 +475,9 @@ class TDMPC2(WorldModelAlgorithm):
         return {"plan": (n, self._config.horizon, self._config.action_dim)}
 
     def _open_loop(
-        self, obs: np.ndarray, actions: np.ndarray, carried: list[np.ndarray], starts: np.ndarray
+        self, obs: AgentObservation, actions: np.ndarray, carried: list[np.ndarray], starts: np.ndarray
     ) -> dict[str, Any]:
+        assert isinstance(obs, np.ndarray)  # no images: allow_images is False
         return core.predict_rollout_jit(
             self._config, self.policy.state["agent"].params, jnp.asarray(obs), jnp.asarray(actions)
         )
