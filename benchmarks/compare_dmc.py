@@ -13,6 +13,10 @@ result files). Acceptance bands, fixed before any run:
   mean of the last bin (490K frames) and its seed spread. Pass when
   score >= reference - max(2 * seed std, 0.1 * reference).
 
+- From pixels (``--pixels`` runs): TD-MPC2 against its published pixel runs (``tdmpc2_pixels``, 3 seeds,
+  the same band as from states). DreamerV3's visual-control scores are not in the reference's score
+  files, so its pixel runs are reported without a verdict.
+
 One seed is one sample: a fail on one seed says "run more seeds", not "broken".
 A smoke run, or a run shorter than the protocol's budget, is reported without a verdict.
 """
@@ -45,8 +49,8 @@ def _interpolate(xs: list[float], ys: list[float], x: float) -> float:
 def compare(result: dict, published: dict) -> dict:
     """The verdict for one run: score, reference, lower bound, passed (None: no verdict)."""
     agent = result["agent"]
-    table = published[agent]
-    entry = _lookup(table["tasks"], result["task"], result["env_id"])
+    table = published.get(agent + ("_pixels" if result.get("pixels") else ""))
+    entry = _lookup(table["tasks"], result["task"], result["env_id"]) if table else None
     frames = result["frames"]
     out = {"agent": agent, "task": result["task"], "seed": result["seed"], "frames": frames}
     if agent == "tdmpc2":
@@ -62,7 +66,7 @@ def compare(result: dict, published: dict) -> dict:
     out.update(score=score, reference=reference, lower_bound=lower)
     if entry is None:
         out.update(passed=None, note="no published numbers for this task")
-    elif result.get("smoke") or frames < table["protocol"]["frames"]:
+    elif result.get("smoke") or frames < table["protocol"]["frames"]:  # type: ignore[index]
         out.update(passed=None, note=f"budget {frames} frames < protocol {table['protocol']['frames']}")
     elif score is None:
         out.update(passed=None, note="no evaluation in the scoring window")

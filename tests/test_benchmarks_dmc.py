@@ -66,3 +66,28 @@ def test_interpolation_between_published_points():
     assert compare_dmc._interpolate([100, 500], [10.0, 50.0], 300) == pytest.approx(30.0)
     assert compare_dmc._interpolate([100, 500], [10.0, 50.0], 50) == 10.0
     assert compare_dmc._interpolate([100, 500], [10.0, 50.0], 900) == 50.0
+
+
+def test_dreamerv3_pixel_protocol_smoke_run(tmp_path):
+    """The DMC-vision protocol end to end: rendered 64 x 64 images, DreamerV3's CnnPolicy, no verdict
+    (no published DreamerV3 visual-control numbers in the reference's score files)."""
+    args = ["--agent", "dreamerv3", "--task", "cartpole-balance", "--smoke", "--pixels", "--frames", "200"]
+    path = dmc_protocol.main([*args, "--out", str(tmp_path)])
+    assert path.name == "dmc_pixels_dreamerv3_cartpole-balance_seed0_smoke.json"
+    result = json.loads(path.read_text())
+    assert result["pixels"] and result["updates"] > 0 and result["curve"]
+    (verdict,) = compare_dmc.main([str(path)])
+    assert verdict["passed"] is None and "no published numbers" in verdict["note"]
+
+
+def test_pixel_runs_are_compared_with_the_published_pixel_runs():
+    run = {**full_run("tdmpc2", "walker-walk", 0.0), "pixels": True}
+    table = PUBLISHED["tdmpc2_pixels"]["tasks"]["walker-walk"]
+    expected = compare_dmc._interpolate(table["frames"], table["mean"], run["frames"])
+    verdict = compare_dmc.compare(run, PUBLISHED)
+    assert (
+        verdict["reference"] == pytest.approx(expected)
+        and verdict["reference"]
+        != compare_dmc.compare(full_run("tdmpc2", "walker-walk", 0.0), PUBLISHED)["reference"]
+    )
+    assert verdict["passed"] is False

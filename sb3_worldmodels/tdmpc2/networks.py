@@ -18,6 +18,12 @@ observation) and before the action (world_model.py:82-95@b67b21c): pass a :class
 A normed layer is ``{"kernel" (in, out), "bias" (out,), "ln_scale" (out,), "ln_bias" (out,)}``; a
 plain output layer ``{"kernel", "bias"}``. Kernels are (in, out), the transpose of PyTorch's weights.
 
+Pixel observations (later upstream code, @eece801): :class:`PixelEncoder`, the reference's ``conv``
+encoder (layers.py:36-71,136-164@eece801), on channel-last uint8 images (..., H, W, C) with the
+shift augmentation of :mod:`sb3_worldmodels.blocks.images`; its parameters ``{"2", "4", "6", "8"}``
+are the reference's ``_encoder.rgb.{2,4,6,8}`` convolutions, kernels (kh, kw, in, out) (PyTorch's
+Conv2d weight (out, in, kh, kw) transposed by (2, 3, 1, 0)).
+
 Shape symbols: L latent, A action, O observation, K ensemble members, n bins.
 """
 
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import flax.linen as nn
@@ -32,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sb3_worldmodels.blocks.images import SHIFT_PAD, shift_images
 from sb3_worldmodels.blocks.layers import mish, simnorm
 from sb3_worldmodels.blocks.math import symlog_twohot_mean
 from sb3_worldmodels.blocks.random import hash_bernoulli
@@ -179,6 +187,134 @@ class MLP(nn.Module):
         if self.output == "simnorm":
             return NormedLinear(self.out, "simnorm", self.simnorm_dim, name=last)(x)
         return Linear(self.out, zero_init=self.output == "zero", name=last)(x)
+
+
+# ------------------------------------------------------------------------------------------------
+# Pixel encoder (layers.py:36-71,136-164@eece801)
+# ------------------------------------------------------------------------------------------------
+
+NUM_CHANNELS = 32
+"""Output channels of every convolution of the pixel encoder (``num_channels``, config.yaml:58@eece801;
+no model-size preset changes it, common/__init__.py:1-24@eece801)."""
+
+PIXEL_CONVS: tuple[tuple[str, int, int], ...] = (("2", 7, 2), ("4", 5, 2), ("6", 3, 2), ("8", 3, 1))
+"""(name, kernel size, stride) of the encoder's convolutions in order, named by their index in the
+reference's ``nn.Sequential`` (layers.py:142-147@eece801). Padding VALID (Conv2d's default 0)."""
+
+
+def torch_default_uniform(fan_in: int) -> Callable[..., Array]:
+    """Initialiser U(−1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's default ``nn.Conv2d`` init of the
+    weight (``kaiming_uniform_(a=sqrt(5))``) and of the bias, fan_in = in·kh·kw. The reference keeps it
+    for its convolutions: ``init.weight_init`` re-initialises Linear, Embedding and ParameterList only
+    (init.py:4-16@eece801, applied at world_model.py:31@eece801)."""
+    bound = 1.0 / math.sqrt(fan_in)
+
+    def init(key: Array, shape: tuple[int, ...], dtype: jnp.dtype = jnp.float32) -> Array:
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
+class Conv2d(nn.Module):
+    """``nn.Conv2d(in, features, kernel_size, stride)`` on channel-last images, VALID padding.
+
+    Params ``kernel`` (k, k, in, features) and ``bias`` (features,), both U(±1/sqrt(k·k·in))
+    (:func:`torch_default_uniform`). (N, H, W, in) → (N, (H − k) // stride + 1, (W − k) // stride + 1,
+    features). Cross-correlation (no kernel flip), as PyTorch.
+    """
+
+    features: int
+    kernel_size: int
+    stride: int = 1
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        k = self.kernel_size
+        shape = (k, k, x.shape[-1], self.features)
+        init = torch_default_uniform(k * k * x.shape[-1])
+        kernel = self.param("kernel", init, shape, jnp.float32)
+        bias = self.param("bias", init, (self.features,), jnp.float32)
+        numbers = ("NHWC", "HWIO", "NHWC")
+        y = jax.lax.conv_general_dilated(x, kernel, (self.stride,) * 2, "VALID", dimension_numbers=numbers)
+        return y + bias
+
+
+def pixel_feature_shape(height: int = 64, width: int = 64) -> tuple[int, int]:
+    """(h, w) of the last convolution's output for (height, width) images: (4, 4) at 64×64."""
+    for _, k, stride in PIXEL_CONVS:
+        height, width = (height - k) // stride + 1, (width - k) // stride + 1
+    return height, width
+
+
+def pixel_latent_dim(height: int = 64, width: int = 64, num_channels: int = NUM_CHANNELS) -> int:
+    """Width of the pixel encoder's latent: num_channels·h·w (32·4·4 = 512 at 64×64). The reference
+    never projects it to ``latent_dim`` (layers.py:136-150@eece801): its dynamics, heads and the
+    update's latent buffer assume ``latent_dim`` wide latents (world_model.py:26-30@eece801,
+    tdmpc2.py:269@eece801), so pixel agents work there only where latent_dim equals this width."""
+    h, w = pixel_feature_shape(height, width)
+    return num_channels * h * w
+
+
+class PixelEncoder(nn.Module):
+    """TD-MPC2's ``conv`` encoder with SimNorm output (layers.py:136-164@eece801), channel-last.
+
+    ShiftAug (optional, given ``shifts``: :func:`~sb3_worldmodels.blocks.images.shift_images`) →
+    x / 255 − 0.5 (``PixelPreprocess``, layers.py:62-71@eece801) → conv 7×7 stride 2 → ReLU → conv
+    5×5/2 → ReLU → conv 3×3/2 → ReLU → conv 3×3/1 → flatten in the reference's channel-first
+    (C, h, w) order → SimNorm (groups of ``simnorm_dim``). Every conv has ``num_channels`` outputs;
+    parameters "2", "4", "6", "8" (:data:`PIXEL_CONVS`), the reference's ``_encoder.rgb.<i>``.
+
+    Because of that flatten order, at 64×64 each SimNorm group of 8 is two rows of the 4×4 map of one
+    channel, so the last convolution's bias shifts whole groups and gets no gradient (in the
+    reference too; true wherever simnorm_dim divides h·w).
+
+    The reference applies ShiftAug in every call, acting and planning included (it does not check
+    ``self.training``); ``shifts=None`` here skips it.
+
+    Args:
+        obs: (..., H, W, C) images (uint8 0-255, or float in the same range); the reference's are
+            64×64 (layers.py:141@eece801) with C = 9, three stacked RGB frames, oldest first
+            (dmcontrol.py:66-81@eece801).
+        shifts: (..., 2) integer offsets in [0, 2·pad] (x, y) per image, or None.
+
+    Returns:
+        (..., L) float32 latents, L = :func:`pixel_latent_dim` (512 at 64×64 and 32 channels).
+        Intermediates are sown under "intermediates" ("shifted", "preprocessed", "conv2", "relu3",
+        "conv4", "relu5", "conv6", "relu7", "conv8", "flat"; Sequential indices of the reference).
+    """
+
+    num_channels: int = NUM_CHANNELS
+    simnorm_dim: int = 8
+    pad: int = SHIFT_PAD
+
+    @nn.compact
+    def __call__(self, obs: Array, shifts: Array | None = None) -> Array:
+        lead = obs.shape[:-3]
+        x = obs.reshape(-1, *obs.shape[-3:])
+        if shifts is not None:
+            x = shift_images(x, jnp.reshape(shifts, (-1, 2)), self.pad)
+            self.sow("intermediates", "shifted", x)
+        x = x.astype(jnp.float32) / 255.0 - 0.5
+        self.sow("intermediates", "preprocessed", x)
+        for i, (name, kernel, stride) in enumerate(PIXEL_CONVS):
+            x = Conv2d(self.num_channels, kernel, stride, name=name)(x)
+            self.sow("intermediates", f"conv{name}", x)
+            if i < len(PIXEL_CONVS) - 1:
+                x = jax.nn.relu(x)
+                self.sow("intermediates", f"relu{int(name) + 1}", x)
+        x = jnp.transpose(x, (0, 3, 1, 2)).reshape(x.shape[0], -1)  # (C, h, w) order, as nn.Flatten
+        self.sow("intermediates", "flat", x)
+        return simnorm(x, self.simnorm_dim).reshape(*lead, -1)
+
+
+def init_pixel_encoder(
+    key: Array, image_shape: tuple[int, int, int], num_channels: int = NUM_CHANNELS, simnorm_dim: int = 8
+) -> dict:
+    """Fresh :class:`PixelEncoder` parameters for (H, W, C) images: every kernel and bias
+    U(±1/sqrt(fan_in)), PyTorch's Conv2d default (:func:`torch_default_uniform`)."""
+    encoder = PixelEncoder(num_channels, simnorm_dim)
+    params: dict = encoder.init(key, jnp.zeros((1, *image_shape), jnp.uint8))["params"]
+    return params
 
 
 # ------------------------------------------------------------------------------------------------
