@@ -1,5 +1,6 @@
 """World-model reinforcement learning (DreamerV3, TD-MPC2) as drop-in Stable-Baselines3 algorithms."""
 
+from sb3_worldmodels.common.atari import make_dreamer_atari_env
 from sb3_worldmodels.common.callbacks import WorldModelCallback
 from sb3_worldmodels.common.envs import ActionRepeat, FlattenDictObservation, make_dmc_env
 from sb3_worldmodels.dreamerv3 import DreamerV3, DreamerV3Config
@@ -31,6 +32,7 @@ __all__ = [
     "export_episodes",
     "load_pool",
     "make_dmc_env",
+    "make_dreamer_atari_env",
     "pool_reference_data",
     "pool_tasks",
 ]

@@ -4,19 +4,28 @@ input. The networks' parity with the reference is in test_dreamerv3_parity_image
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
-from sb3_worldmodels import TDMPC2, DreamerV3
+from sb3_worldmodels import DreamerV3
 from sb3_worldmodels.common.boundary import ObservationAdapter, UnsupportedSpaceError
+from sb3_worldmodels.dreamerv3 import agent as core
+from sb3_worldmodels.dreamerv3 import networks as N
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS, preset
-from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 from tests.probe_envs import ColourEnv
 
 TINY = {**SMOKE_SETTINGS, "cnn_depth": 2, "seed": 0}
+
+
+def core_init(config):
+    return core.init_state(config, jax.random.PRNGKey(0))
 
 
 def colour_vec(n: int = 2, **kwargs):
@@ -76,23 +85,45 @@ def test_adapter_mixed_dict_and_refusals():
     )
     with pytest.raises(UnsupportedSpaceError, match="share height and width"):
         ObservationAdapter.from_space(two_sizes, "x", allow_images=True)
-    with pytest.raises(UnsupportedSpaceError, match="does not learn from pixels"):
-        TDMPC2(colour_vec(1), **TDMPC2_SMOKE)
-    with pytest.raises(ValueError, match="does not learn from images"):
-        TDMPC2("CnnPolicy", make_vec_env("Pendulum-v1", n_envs=1), **TDMPC2_SMOKE)
+    with pytest.raises(UnsupportedSpaceError, match="Agent X does not learn from pixels"):
+        ObservationAdapter.from_space(env.observation_space, "Agent X")  # an agent without images
 
 
-def test_config_refuses_images_the_encoder_cannot_take():
-    with pytest.raises(ValueError, match="multiple of 16.*ResizeObservation"):
-        preset("1m", obs_dim=0, image_shape=(20, 20, 3))
-    with pytest.raises(ValueError, match="multiple of 16"):
-        preset("1m", obs_dim=0, image_shape=(64, 32, 3))
+def test_config_pads_images_to_the_encoder_grid_and_refuses_what_it_cannot_take():
+    config = preset("12m", obs_dim=0, image_shape=(64, 64, 3))
+    assert config.cnn_depths == (16, 32, 48, 64, 64) and config.image_grid == (4, 4)
+    assert config.image_padding == ((0, 0), (0, 0)) and config.embed_dim == 4 * 4 * 64
+    atari = preset("1m", obs_dim=0, image_shape=(84, 84, 4))  # SB3's make_atari_env + VecFrameStack
+    assert atari.image_grid == (6, 6) and atari.image_padding == ((6, 6), (6, 6))
+    assert preset("1m", obs_dim=0, image_shape=(21, 40, 3)).image_padding == ((5, 6), (4, 4))
     with pytest.raises(ValueError, match="divisible by 8"):
         preset("1m", obs_dim=0, image_shape=(64, 64, 3), cnn_depth=1)
     with pytest.raises(ValueError, match="neither a vector"):
         preset("1m", obs_dim=0)
-    config = preset("12m", obs_dim=0, image_shape=(64, 64, 3))
-    assert config.cnn_depths == (16, 32, 48, 64, 64) and config.minres == 4 and config.embed_dim == 4 * 4 * 64
+
+
+def test_padded_images_keep_the_grid_and_are_cropped_back():
+    """An 84 x 84 stack (SB3's Atari pipeline) runs the reference's layers on the image padded to
+    96 x 96 around its centre; the decoder's 96 x 96 output is cropped back to 84 x 84, so every
+    decoded pixel is one of the observation's and the loss covers the observation's pixels only."""
+    small = {k: v for k, v in SMOKE_SETTINGS.items() if k != "model_size"}
+    config = preset("1m", obs_dim=0, image_shape=(84, 84, 4), **small, cnn_depth=2)
+    state = core_init(config)
+    nets = N.make_networks(config)
+    image = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 84, 84, 4)), jnp.uint8)
+    embed = nets.enc.apply({"params": state.params["enc"]}, {"image": image})
+    assert embed.shape == (2, config.embed_dim) and config.embed_dim == 6 * 6 * config.cnn_depths[-1]
+    # The padding is zero after scaling: the encoder of a mid-grey 96 x 96 frame around the image
+    # sees exactly what the padded encoder sees.
+    framed = jnp.zeros((2, 96, 96, 4), jnp.float32).at[:, 6:90, 6:90].set(image * N.PIXEL_SCALE - 0.5)
+    unpadded = dataclasses.replace(nets.enc, padding=((0, 0), (0, 0)))
+    grey = (framed + 0.5) / N.PIXEL_SCALE  # back to pixel units: 127.5 in the frame
+    np.testing.assert_allclose(
+        unpadded.apply({"params": state.params["enc"]}, {"image": grey}), embed, atol=1e-4
+    )
+    feat = jnp.zeros((2, config.feat_dim), jnp.float32)
+    decoded = nets.dec.apply({"params": state.params["dec"]}, feat)["image"]
+    assert decoded.shape == (2, 84, 84, 4)
 
 
 @pytest.fixture(scope="module")

@@ -63,7 +63,8 @@ class DreamerV3Config:
     image_shape: tuple[int, ...] = ()
     """(H, W, C) of the image input, channel-last, every image key's channels side by side (the
     reference concatenates image keys along channels, nets.py:241,260@2411f7d); empty: no image
-    (set from the env). H = W, divisible by 2 ** (len(cnn_mults) - 1)."""
+    (set from the env). Sides that are not multiples of 2 ** (len(cnn_mults) - 1) are padded
+    (:attr:`image_padding`)."""
     image_keys: tuple[tuple[str, int], ...] = ()
     """(key, channels) of each image key, in the channels' order: each key is its own decoder output
     and loss term (nets.py:360-362@2411f7d). Empty with an image: one key "image"."""
@@ -112,8 +113,7 @@ class DreamerV3Config:
     cnn_kernel: int = 5
     """Kernel size of every (transposed) convolution (``kernel``, configs.yaml:117,121@2411f7d). The
     first encoder convolution and the decoder's output convolution have stride 1 (``debug_outer``), the
-    others stride 2, so the encoder ends at H / 2 ** (len(cnn_mults) - 1) (the reference's ``minres``, 4
-    for 64 x 64 images and 6 for Atari's 96 x 96, which it asserts, nets.py:265@2411f7d)."""
+    others stride 2, so the encoder ends at :attr:`image_grid`."""
     bins: int = 255
     """Bins of the reward and critic two-hot heads (symexp spaced, nets.py:462-471@2411f7d; ``bins: 255``,
     configs.yaml:122,129@2411f7d)."""
@@ -240,15 +240,35 @@ class DreamerV3Config:
         return tuple(self.cnn_depth * m for m in self.cnn_mults)
 
     @property
-    def minres(self) -> int:
-        """Height and width at the encoder's end and the decoder's start (0 without an image)."""
-        return self.image_shape[0] // 2 ** (len(self.cnn_mults) - 1) if self.image_shape else 0
+    def image_grid(self) -> tuple[int, int]:
+        """(h, w) at the encoder's end and the decoder's start: the image side over 2 ** (len(cnn_mults)
+        - 1), rounded up ((0, 0) without an image). The reference's ``minres`` (4 for 64 x 64, 6 for 96 x
+        96), which it asserts (nets.py:265@2411f7d); a side that is not a multiple is padded
+        (:attr:`image_padding`)."""
+        if not self.image_shape:
+            return (0, 0)
+        down = 2 ** (len(self.cnn_mults) - 1)
+        return (-(-self.image_shape[0] // down), -(-self.image_shape[1] // down))
+
+    @property
+    def image_padding(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """((top, bottom), (left, right)) zero rows and columns that make the scaled image's sides
+        multiples of 2 ** (len(cnn_mults) - 1) for the encoder (centred; the decoder's output is cropped
+        back), e.g. 84 → 96 with (6, 6); none for 64 x 64 or 96 x 96 images."""
+        if not self.image_shape:
+            return ((0, 0), (0, 0))
+        down = 2 ** (len(self.cnn_mults) - 1)
+        pads = []
+        for side, cells in zip(self.image_shape[:2], self.image_grid, strict=True):
+            extra = cells * down - side
+            pads.append((extra // 2, extra - extra // 2))
+        return (pads[0], pads[1])
 
     @property
     def embed_dim(self) -> int:
         """Width of the encoder's output: the vector embedding (U) then the flat image features."""
-        image = self.minres**2 * self.cnn_depths[-1] if self.image_shape else 0
-        return (self.units if self.obs_dim else 0) + image
+        height, width = self.image_grid
+        return (self.units if self.obs_dim else 0) + height * width * self.cnn_depths[-1]
 
     @property
     def feat_dim(self) -> int:
@@ -340,18 +360,10 @@ def _check_observation_fields(cfg: DreamerV3Config) -> None:
         return
     if len(cfg.image_shape) != 3 or min(cfg.image_shape) < 1 or not cfg.cnn_mults:
         raise ValueError(f"DreamerV3: image_shape={cfg.image_shape} must be (H, W, C), each at least 1.")
-    height, width, channels = cfg.image_shape
-    down = 2 ** (len(cfg.cnn_mults) - 1)
-    if height != width or height % down:
-        raise ValueError(
-            f"DreamerV3: images of {height} x {width} pixels do not fit the encoder, which halves a square "
-            f"image {len(cfg.cnn_mults) - 1} times: use square images whose side is a multiple of {down} "
-            "(64 x 64 as the DMC protocols; resize with gymnasium.wrappers.ResizeObservation)."
-        )
     if cfg.cnn_depths[-1] % 8:
         raise ValueError(
             f"DreamerV3: the decoder spreads its first image features over 8 blocks, so the last CNN depth "
             f"{cfg.cnn_depths[-1]} (cnn_depth x cnn_mults[-1]) must be divisible by 8."
         )
-    if cfg.image_keys and sum(c for _, c in cfg.image_keys) != channels:
-        raise ValueError(f"image_keys {cfg.image_keys} do not add up to {channels} channels.")
+    if cfg.image_keys and sum(c for _, c in cfg.image_keys) != cfg.image_shape[2]:
+        raise ValueError(f"image_keys {cfg.image_keys} do not add up to {cfg.image_shape[2]} channels.")

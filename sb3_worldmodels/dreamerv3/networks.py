@@ -131,7 +131,11 @@ class Encoder(nn.Module):
     [Conv(depth_i, k, stride 1 then 2) + RMSNorm + SiLU] → flatten (h, w, c) (nets.py:258-267@2411f7d),
     concatenated in that order (nets.py:270@2411f7d).
 
-    :data:`Observation` (...) → (..., U + minres² · depths[-1]) (either part alone without the other).
+    An image whose sides are not multiples of 16 is zero-padded (after scaling) around its centre, so
+    that the reference's layers apply unchanged (``padding``; none for 64 x 64 or 96 x 96).
+
+    :data:`Observation` (...) → (..., U + h · w · depths[-1]) with (h, w) the final grid (either part
+    alone without the other).
     """
 
     units: int
@@ -139,6 +143,8 @@ class Encoder(nn.Module):
     vector: bool = True
     depths: tuple[int, ...] = ()
     kernel: int = 5
+    padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
+    """Zero rows and columns around the scaled image (sides not multiples of 16; ``image_padding``)."""
 
     @nn.compact
     def __call__(self, obs: Observation) -> Array:
@@ -150,6 +156,8 @@ class Encoder(nn.Module):
             )
         if self.depths:
             x = jnp.asarray(image, jnp.float32) * PIXEL_SCALE - 0.5
+            if any(self.padding[0] + self.padding[1]):
+                x = jnp.pad(x, [(0, 0)] * (x.ndim - 3) + [*self.padding, (0, 0)])
             for i, depth in enumerate(self.depths):
                 x = Conv(depth, self.kernel, 1 if i == 0 else 2, name=f"conv{i}")(x)
             outs.append(x.reshape(*x.shape[:-3], -1))
@@ -161,11 +169,12 @@ class Decoder(nn.Module):
 
     Vector keys: ``layers`` hidden layers ``mlp{i}`` → one output Linear per key, ``out_<key>`` of the
     key's width, outscale 0.1 (the reference clips each layer's gradient by its own norm, so the keys
-    are separate layers, not one merged layer). Image: deter → ``space0`` BlockLinear(minres²·d, G)
+    are separate layers, not one merged layer). Image: deter → ``space0`` BlockLinear(h·w·d, G)
     laid out (G, h, w, c) → (h, w, G·c); stoch → ``space1hid`` [Linear(2U) + RMSNorm + SiLU] →
     ``space1`` Linear to (h, w, d); the sum → ``spacenorm`` RMSNorm + SiLU; ``conv{i}`` transposed
     convolutions (stride 2, RMSNorm + SiLU) with the encoder's depths but the last, in reverse; then
-    ``imgout``, a stride-1 transposed convolution to the image's channels (outscale 1), and a sigmoid
+    ``imgout``, a stride-1 transposed convolution to the image's channels (outscale 1), cropped by the
+    encoder's ``padding``, and a sigmoid
     (nets.py:326-357@2411f7d), d = depths[-1].
 
     (..., F) → {"vector": (..., O) the keys' predictions in symlog space concatenated in ``outputs``
@@ -180,7 +189,10 @@ class Decoder(nn.Module):
     image_channels: int = 0
     depths: tuple[int, ...] = ()
     kernel: int = 5
-    minres: int = 0
+    grid: tuple[int, int] = (0, 0)
+    """(h, w) of the first map (the encoder's last)."""
+    padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
+    """Rows and columns cropped from the output (the encoder's padding)."""
     deter: int = 0
     blocks: int = 1
     prefix: ClassVar[str] = "mlp"
@@ -197,18 +209,21 @@ class Decoder(nn.Module):
         return out
 
     def _image(self, feat: Array) -> Array:
-        g, res, depth = self.blocks, self.minres, self.depths[-1]
+        g, (h, w), depth = self.blocks, self.grid, self.depths[-1]
         deter, stoch = feat[..., : self.deter], feat[..., self.deter :]
-        x0 = BlockLinear(res * res * depth, g, name="space0")(deter)
-        x0 = x0.reshape(*x0.shape[:-1], g, res, res, depth // g)
-        x0 = jnp.moveaxis(x0, -4, -2).reshape(*x0.shape[:-4], res, res, depth)
+        x0 = BlockLinear(h * w * depth, g, name="space0")(deter)
+        x0 = x0.reshape(*x0.shape[:-1], g, h, w, depth // g)
+        x0 = jnp.moveaxis(x0, -4, -2).reshape(*x0.shape[:-4], h, w, depth)
         x1 = NormedDense(2 * self.units, name="space1hid")(stoch)
-        x1 = Dense(res * res * depth, name="space1")(x1).reshape(*x1.shape[:-1], res, res, depth)
+        x1 = Dense(h * w * depth, name="space1")(x1).reshape(*x1.shape[:-1], h, w, depth)
         x = jax.nn.silu(RMSNorm(name="spacenorm")(x0 + x1))
         for i in reversed(range(len(self.depths) - 1)):
             x = Conv(self.depths[i], self.kernel, 2, transpose=True, name=f"conv{i}")(x)
         out = Conv(self.image_channels, self.kernel, 1, transpose=True, norm=False, act="none", name="imgout")
         x = out(x)
+        (top, bottom), (left, right) = self.padding
+        if top + bottom + left + right:
+            x = x[..., top : x.shape[-3] - bottom, left : x.shape[-2] - right, :]
         return jax.nn.sigmoid(x)
 
 
@@ -266,7 +281,10 @@ def _network(config: DreamerV3Config, kind: str, name: str | None = None) -> nn.
     image = bool(config.image_shape)
     depths = config.cnn_depths if image else ()
     if kind == "enc":
-        return Encoder(u, config.enc_layers, bool(config.obs_dim), depths, config.cnn_kernel, name=name)
+        padding = config.image_padding
+        return Encoder(
+            u, config.enc_layers, bool(config.obs_dim), depths, config.cnn_kernel, padding, name=name
+        )
     if kind == "dec":
         return Decoder(
             u,
@@ -275,7 +293,8 @@ def _network(config: DreamerV3Config, kind: str, name: str | None = None) -> nn.
             config.image_shape[-1] if image else 0,
             depths,
             config.cnn_kernel,
-            config.minres,
+            config.image_grid,
+            config.image_padding,
             config.deter,
             DECODER_SPACE_BLOCKS,
             name=name,
