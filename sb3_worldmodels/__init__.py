@@ -2,6 +2,7 @@
 
 from sb3_worldmodels.common.atari import make_dreamer_atari_env
 from sb3_worldmodels.common.callbacks import WorldModelCallback
+from sb3_worldmodels.common.crafter import crafter_score, make_crafter_env
 from sb3_worldmodels.common.envs import ActionRepeat, FlattenDictObservation, make_dmc_env
 from sb3_worldmodels.dreamerv3 import DreamerV3, DreamerV3Config
 from sb3_worldmodels.tdmpc2 import (
@@ -29,8 +30,10 @@ __all__ = [
     "TaskPool",
     "WorldModelCallback",
     "__version__",
+    "crafter_score",
     "export_episodes",
     "load_pool",
+    "make_crafter_env",
     "make_dmc_env",
     "make_dreamer_atari_env",
     "pool_reference_data",
