@@ -175,6 +175,11 @@ TDMPC2_REF_ONLY = {
 
 TDMPC2_OURS_ONLY = {
     "obs_dim": "compared with the reference's obs_shape['state'][0]",
+    "image_shape": (
+        "later upstream code (obs: rgb, obs_shape['rgb'], config.yaml:6@eece801, channel-last here); "
+        "empty for the state observations recorded here, as b67b21c has no pixel path"
+    ),
+    "num_channels": "later upstream code (config.yaml:58@eece801), used only with images; b67b21c lacks it",
     "discount": "compared with the discount TDMPC2.__init__ computes (agent.discount, tdmpc2.py:31-48)",
     "learning_rate": "left at its default on purpose; the SB3 learning_rate is compared with lr",
     "q_dropout": (

@@ -10,6 +10,12 @@ Everything here is a pure function of explicit arguments; ``config`` is a static
 - :func:`plan_with_noise` is one ``TDMPC2.plan`` for one env with every draw given; :func:`act`
   encodes a batch of observations and plans for each env (vmapped), drawing from a key.
 
+Pixel observations (``config.image_shape``, later upstream code @eece801): observations are uint8
+images (..., H, W, C) and every encode shifts them by offsets drawn fresh for that encode, as the
+reference's ShiftAug does in every forward pass, acting, planning and evaluation included
+(layers.py:36-59,142-143@eece801; world_model.py:104-111@eece801): the update draws one offset pair
+per image of the window (:attr:`UpdateNoise.shifts`), :func:`act` one per env from the env's key.
+
 Shape symbols: H horizon, B batch, L latent, A action, O observation, K Q members, S samples,
 P policy trajectories, E elites, I MPPI iterations, n envs.
 """
@@ -23,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sb3_worldmodels.blocks.images import random_shifts, shift_images
 from sb3_worldmodels.blocks.jit import agent_jit
 from sb3_worldmodels.blocks.math import symlog_twohot_log_prob
 from sb3_worldmodels.blocks.normalizers import (
@@ -79,6 +86,11 @@ class UpdateNoise(NamedTuple):
     dropout: Array | None
     """(3, 2) keys of the Q dropout masks (TD target, value loss, policy loss), or None (no dropout).
     A tuple of three bool keep-masks instead replays given masks (the parity tests' recorded ones)."""
+    shifts: Array | None = None
+    """Pixel observations: (H+1, B, 2) int32 shift offsets in [0, 2·pad] of each image of the window
+    (:func:`~sb3_worldmodels.blocks.images.shift_images`): [0] for the rollout's start ``obs[0]``,
+    [1:] for the targets ``obs[1:]``; the reference draws them at its two encodes
+    (tdmpc2.py:262,270@eece801), one draw per image. None: no shift (and for state observations)."""
 
 
 class PlanNoise(NamedTuple):
@@ -205,8 +217,8 @@ def world_model_loss(
 
     Args:
         wm: the world-model modules; pi: policy parameters (TD targets only, not differentiated).
-        batch: "obs" (H+1, B, O), "action" (H, B, A), "reward" (H, B)[, "terminated" (H, B)]
-            [, "task" (B,) int32 task ids, multi-task].
+        batch: "obs" (H+1, B, O) (pixels: (H+1, B, H_img, W_img, C) uint8), "action" (H, B, A),
+            "reward" (H, B)[, "terminated" (H, B)][, "task" (B,) int32 task ids, multi-task].
 
     Returns:
         (total, aux) with aux = {"losses", "zs" (H+1, B, L) rollout latents, "internals"}.
@@ -214,6 +226,8 @@ def world_model_loss(
     h = config.horizon
     params = {**wm, "pi": pi}
     obs, action, reward = batch["obs"], batch["action"], batch["reward"]
+    if config.image_shape and noise.shifts is not None:  # ShiftAug at both encodes, one draw per image
+        obs = shift_images(obs, noise.shifts)
     terminated = batch.get("terminated") if config.episodic else None
     task = batch["task"] if config.multitask else None
     cond = None if task is None else N.task_conditioning(config, params, task)
@@ -377,8 +391,8 @@ def update_with_noise(
 
 
 def sample_update_noise(config: TDMPC2Config, key: Array, batch_size: int) -> UpdateNoise:
-    """Fresh draws for one update on a batch of B windows."""
-    keys = jax.random.split(key, 5)
+    """Fresh draws for one update on a batch of B windows (pixels: with the images' shift offsets)."""
+    keys = jax.random.split(key, 6 if config.image_shape else 5)
     h, a, k = config.horizon, config.action_dim, config.num_q
     return UpdateNoise(
         eps_td=jax.random.normal(keys[0], (h, batch_size, a), jnp.float32),
@@ -386,6 +400,7 @@ def sample_update_noise(config: TDMPC2Config, key: Array, batch_size: int) -> Up
         eps_pi=jax.random.normal(keys[2], (h + 1, batch_size, a), jnp.float32),
         pair_pi=jax.random.choice(keys[3], k, (2,), replace=False).astype(jnp.int32),
         dropout=jax.random.split(keys[4], 3),
+        shifts=random_shifts(keys[5], (h + 1, batch_size)) if config.image_shape else None,
     )
 
 
@@ -567,12 +582,18 @@ def act(
     ``prev_mean`` (n, H, A) is each env's previous plan; ``first`` (n,) bool restarts it (t0).
     ``key`` is one PRNG key (2,), split into one per env, or the envs' own keys (n, 2). Multi-task:
     ``task`` (n,) int32 gives each env's task id; the embedding rows are renormalised as at the
-    reference's lookups, for this call only (docs/deviations.md T16).
+    reference's lookups, for this call only (docs/deviations.md T16). Pixels: obs (n, H, W, C) uint8,
+    each image shifted by offsets drawn from its env's key (:func:`pixel_act_keys`), as the
+    reference's ShiftAug at every encode (tdmpc2.py:112-117,153@eece801), eval mode included.
     """
     if task is not None:
         params = N.renormalise_task_embeddings(params, task)
-    z = N.encode(config, params, obs, None if task is None else N.task_conditioning(config, params, task))
     keys = key if key.ndim == 2 else jax.random.split(key, obs.shape[0])
+    shifts = None
+    if config.image_shape:
+        keys, shifts = pixel_act_keys(keys)
+    cond = None if task is None else N.task_conditioning(config, params, task)
+    z = N.encode(config, params, obs, cond, shifts)
     noise = jax.vmap(lambda k: sample_plan_noise(config, k, config.iterations))(keys)
     if task is None:
 
@@ -589,6 +610,14 @@ def act(
     return jax.vmap(one_task)(z, prev_mean, first, noise, task)
 
 
+def pixel_act_keys(keys: Array) -> tuple[Array, Array]:
+    """Pixels: each env's key (n, 2) → (its planning key (n, 2), its image's shift offsets (n, 2)), two
+    independent draws from one key (so a deterministic ``predict`` row key fixes both)."""
+    pairs = jax.vmap(jax.random.split)(keys)  # (n, 2, 2)
+    shifts = jax.vmap(lambda k: random_shifts(k, ()))(pairs[:, 1])
+    return pairs[:, 0], shifts
+
+
 def random_actions(key: Array, n: int, action_dim: int) -> Array:
     """Uniform actions in [−1, 1] for the seed phase: (n, A)."""
     return jax.random.uniform(key, (n, action_dim), jnp.float32, -1.0, 1.0)
@@ -600,7 +629,8 @@ def predict_rollout(config: TDMPC2Config, params: dict, obs: Array, actions: Arr
     obs (n, O), actions (n, T, A) in [-1, 1] → "reward" (n, T) (decoded reward head), "latent"
     (n, T + 1, L) and "value" (n,): the mean of all Q members at the last latent with the policy's
     mean action (the planner's bootstrap). Episodic: "continue" (n, T), the probability that the
-    episode goes on after each step.
+    episode goes on after each step. Pixels: obs (n, H, W, C) uint8, encoded unshifted (no sampling
+    here; the shift augmentation's offset ``pad`` is the identity).
     """
     z = N.encode(config, params, obs)
 

@@ -52,8 +52,19 @@ class _RolloutState(NamedTuple):
     first: np.ndarray  # (n,) bool: the env's next action is the first of its episode (t0)
 
 
+def _observation_array(obs: AgentObservation) -> np.ndarray:
+    """The one observation array the agent reads: the flat vectors (n, O), or the images (n, H, W, C)
+    uint8 of an image observation (which comes alone: the config refuses images with vectors)."""
+    if isinstance(obs, dict):
+        if set(obs) != {"image"}:
+            raise ValueError(f"TD-MPC2 takes an image or a vector observation, not both (got {sorted(obs)}).")
+        return obs["image"]
+    return obs
+
+
 class TDMPC2(WorldModelAlgorithm):
-    """TD-MPC2 (nicklashansen/tdmpc2 @b67b21c) for flat observations and Box actions.
+    """TD-MPC2 (nicklashansen/tdmpc2 @b67b21c) for flat observations and Box actions, or 64 x 64
+    images (the pixel encoder of the later upstream code, @eece801).
 
     ``TDMPC2("Pendulum-v1")`` builds ``n_envs`` (1) Monitor-wrapped copies of the env (wrapped in
     :class:`~sb3_worldmodels.common.envs.ActionRepeat` when ``action_repeat`` > 1);
@@ -78,10 +89,15 @@ class TDMPC2(WorldModelAlgorithm):
     :param episodic: learn terminations (head, masked TD targets, planner masks; world_model.py:28@7ec6bc8,
         tdmpc2.py:127-137,258,283-305@7ec6bc8). Without
         it an env that terminates is refused.
+    :param num_channels: channels of the pixel encoder's convolutions, for an image observation
+        (64 x 64, channel-last or channel-first, e.g. ``make_dmc_env(task, pixels=True, frame_stack=3)``);
+        num_channels x 16 must equal ``latent_dim`` (model_size 5 with the default 32).
     """
 
     agent_name = "TD-MPC2"
     allow_discrete = False
+    allow_images = True
+    space_fields = ("obs_dim", "action_dim", "image_shape")
     default_n_envs = 1
     core = core
     config_class = TDMPC2Config
@@ -109,6 +125,7 @@ class TDMPC2(WorldModelAlgorithm):
         num_enc_layers: int | None = None,
         num_q: int | None = None,
         simnorm_dim: int = _D.simnorm_dim,
+        num_channels: int = _D.num_channels,
         dropout: float = _D.dropout,
         q_dropout: str = _D.q_dropout,
         dropout_masks: str = _D.dropout_masks,
@@ -205,6 +222,12 @@ class TDMPC2(WorldModelAlgorithm):
             if name not in _NOT_INHERITED and name in _CONSTRUCTOR_ARGS
         }
         agent = cls(policy, env, model_size=model.model_size, **{**inherited, **kwargs})
+        if agent._config.image_shape:
+            raise ValueError(
+                f"the env observes images {agent._config.image_shape}; multi-task models are state-based "
+                "(their encoder reads the state vector and the task embedding): give an env of the task's "
+                "state observations."
+            )
         ours = (agent._config.obs_dim, agent._config.action_dim)
         theirs = (model.obs_dims[k], c.action_dims[k])
         if ours != theirs:
@@ -265,7 +288,11 @@ class TDMPC2(WorldModelAlgorithm):
     def _space_config(self) -> dict[str, Any]:
         # The reference adds 2 iterations for actions of 20+ dimensions (tdmpc2.py:30@b67b21c).
         dims = super()._space_config()
-        return {**dims, "iterations": planner_iterations(self.iterations, dims["action_dim"])}
+        return {
+            **dims,
+            "image_shape": self.obs_adapter.image_shape,
+            "iterations": planner_iterations(self.iterations, dims["action_dim"]),
+        }
 
     def _setup_model(self) -> None:
         super()._setup_model()
@@ -273,9 +300,15 @@ class TDMPC2(WorldModelAlgorithm):
             self._owed_updates = 0
 
     def _replay_fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        # "obs" holds the one observation: the float32 vector, or the uint8 image (as the reference's
+        # buffer keeps its pixel observations' uint8 frames under "obs").
         cfg = self._config
+        if cfg.image_shape:
+            obs: tuple[tuple[int, ...], np.dtype] = (tuple(cfg.image_shape), np.dtype(np.uint8))
+        else:
+            obs = ((cfg.obs_dim,), np.dtype(np.float32))
         return {
-            "obs": ((cfg.obs_dim,), np.dtype(np.float32)),
+            "obs": obs,
             "action": ((cfg.action_dim,), np.dtype(np.float32)),
             "reward": ((), np.dtype(np.float32)),
             "terminated": ((), np.dtype(np.float32)),
@@ -295,8 +328,8 @@ class TDMPC2(WorldModelAlgorithm):
         self._owed_updates = 0
 
     # ------------------------------------------------------------------ collection
-    def _collect_act(self, obs: AgentObservation, learning_starts: int) -> np.ndarray:
-        assert isinstance(obs, np.ndarray)  # no images: allow_images is False
+    def _collect_act(self, observation: AgentObservation, learning_starts: int) -> np.ndarray:
+        obs = _observation_array(observation)
         cfg = self._config
         n = self.n_envs
         if self._rollout is None:  # fresh observations after a reset: every env starts an episode
@@ -339,9 +372,9 @@ class TDMPC2(WorldModelAlgorithm):
         )
 
     def _collect_observe(
-        self, obs: AgentObservation, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+        self, observation: AgentObservation, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
     ) -> None:
-        assert isinstance(obs, np.ndarray)  # no images: allow_images is False
+        obs = _observation_array(observation)
         n = self.n_envs
         # Episodes that ended at the previous step become sampleable now: the reference adds a
         # finished episode to its buffer at the start of the next step (trainer/online_trainer.py
@@ -358,7 +391,7 @@ class TDMPC2(WorldModelAlgorithm):
             )
         reached = obs.copy()
         if dones.any():
-            reached[dones] = self._terminal_observations(infos, np.flatnonzero(dones))
+            reached[dones] = _observation_array(self._terminal_observations(infos, np.flatnonzero(dones)))
         self.replay_buffer.add_entries(
             np.arange(n),
             {
@@ -431,11 +464,13 @@ class TDMPC2(WorldModelAlgorithm):
         noise on the chosen action; the planner's own sampling stays), and its randomness is drawn from a
         key derived from each row's inputs: the same observation and state give the same action,
         whatever was predicted before and after save/load. ``deterministic=False`` samples from the
-        model's own predict stream (training and collection are never touched)."""
-        obs, vectorized, (prev,), first = self._predict_inputs(
+        model's own predict stream (training and collection are never touched). Images are shifted
+        by the augmentation in both modes, as the reference's every encode (tdmpc2.py:112-117,153
+        @eece801), with offsets drawn from the same key."""
+        inputs, vectorized, (prev,), first = self._predict_inputs(
             observation, state, episode_start, deterministic
         )
-        assert isinstance(obs, np.ndarray)  # no images: allow_images is False
+        obs = _observation_array(inputs)
         cfg, n = self._config, obs.shape[0]
         used_plan = np.where(first[:, None, None], 0.0, prev)  # a restart ignores the plan
         keys = self._predict_keys(bool(deterministic), obs, used_plan, first)
@@ -460,7 +495,8 @@ class TDMPC2(WorldModelAlgorithm):
         :param actions: env actions (T, A) for one observation, or (n, T, A). For the plan returned as
             ``predict``'s state (agent units, [-1, 1]) use :meth:`predict_plan_rollout`.
         :param state: accepted as for ``predict`` (and ``episode_start``) and not used: the model is
-            Markov, its latent is the observation's encoding.
+            Markov, its latent is the observation's encoding (an image's without the shift
+            augmentation: nothing is sampled here).
         :return: "reward" (n, T) predicted rewards, "value" (n,) the Q estimate after the last action,
             "latent" (n, T + 1, L), and "continue" (n, T) when ``episodic``; without the n axis for
             one observation.
@@ -477,9 +513,11 @@ class TDMPC2(WorldModelAlgorithm):
     def _open_loop(
         self, obs: AgentObservation, actions: np.ndarray, carried: list[np.ndarray], starts: np.ndarray
     ) -> dict[str, Any]:
-        assert isinstance(obs, np.ndarray)  # no images: allow_images is False
         return core.predict_rollout_jit(
-            self._config, self.policy.state["agent"].params, jnp.asarray(obs), jnp.asarray(actions)
+            self._config,
+            self.policy.state["agent"].params,
+            jnp.asarray(_observation_array(obs)),
+            jnp.asarray(actions),
         )
 
 

@@ -38,13 +38,22 @@ DROPOUT_MASKS = ("hash", "threefry")
 class TDMPC2Config:
     """Static configuration of one single-task TD-MPC2 agent (hashable: a jit static argument).
 
-    Space-derived fields (``obs_dim``, ``action_dim``) and ``discount`` are filled by the SB3 class.
+    Space-derived fields (``obs_dim``, ``action_dim``, ``image_shape``) and ``discount`` are filled by
+    the SB3 class.
     """
 
     # --- spaces (set from the env) ---
     obs_dim: int = 3
     """Width of the flat float32 observation vector (set from the env, as the reference's ``obs_shape``,
-    envs/__init__.py:55-60@b67b21c)."""
+    envs/__init__.py:55-60@b67b21c); 0 for an image observation."""
+    image_shape: tuple[int, ...] = ()
+    """(64, 64, C) of an image observation, channel-last uint8 (C = 3 x stacked frames, 9 for the
+    reference's three RGB frames, envs/dmcontrol.py:66-89@eece801), set from the env; empty for a
+    vector observation. With an image the encoder is the reference's ``conv`` encoder
+    (layers.py:136-150@eece801, ``obs: rgb``, config.yaml:6@eece801), whose output is the latent: see
+    ``num_channels``. The reference encodes one observation type, 'state' or 'rgb'
+    (layers.py:153-164@eece801): an image cannot come with a vector, and multi-task agents take
+    vectors only (their task embedding joins the encoder's input, world_model.py:104-111@eece801)."""
     action_dim: int = 1
     """Width of the action vector, in [-1, 1] (set from the env, as the reference's ``action_dim``,
     envs/__init__.py:55-60@b67b21c)."""
@@ -66,6 +75,13 @@ class TDMPC2Config:
     """K, members of the Q ensemble (``num_q``, config.yaml:58@b67b21c)."""
     simnorm_dim: int = 8
     """Group size of SimNorm (config.yaml:60@b67b21c)."""
+    num_channels: int = 32
+    """Output channels of each of the pixel encoder's four convolutions (``num_channels``,
+    config.yaml:58@eece801; no model size changes it). The flattened map of a 64 x 64 image is
+    num_channels x 4 x 4 wide and is the latent itself (not projected, layers.py:136-150@eece801), so
+    it must equal ``latent_dim``: 32 x 16 = 512 at model size 5 (the default); other sizes need
+    num_channels = latent_dim / 16: 8 at size 1 (latent 128), 48 at sizes 19 and 48, 86 at size 317 (the
+    reference, which has no such check, fails there with num_channels 32). Used only with an image."""
     dropout: float = 0.01
     """Dropout rate after the first affine layer of each Q member (config.yaml:59@b67b21c)."""
     q_dropout: str = "always"
@@ -194,6 +210,11 @@ class TDMPC2Config:
         return tuple(discount_from_episode_length(length) for length in self.episode_lengths)
 
     @property
+    def pixels(self) -> bool:
+        """Whether the observation is an image (the pixel encoder)."""
+        return bool(self.image_shape)
+
+    @property
     def bin_size(self) -> float:
         return (self.vmax - self.vmin) / (self.num_bins - 1)
 
@@ -223,10 +244,17 @@ SMOKE_SETTINGS: dict = dict(
 examples, benchmarks and tests (seconds to compile and run; it learns nothing useful)."""
 
 
+IMAGE_SIDE = 64
+"""Height and width of the images the pixel encoder takes (``assert in_shape[-1] == 64``,
+layers.py:141@eece801; ShiftAug asserts square images, layers.py:49@eece801)."""
+PIXEL_FEATURE_CELLS = 16
+"""h x w = 4 x 4 of the pixel encoder's last feature map for 64 x 64 images (convolutions 7/2, 5/2, 3/2,
+3/1, VALID: 64 -> 29 -> 13 -> 6 -> 4): its flattened output is ``num_channels`` x 16 wide
+(:func:`~sb3_worldmodels.tdmpc2.networks.pixel_latent_dim`)."""
+
 _RULES = {
-    **dict.fromkeys(
-        ("obs_dim", "action_dim", "enc_dim", "mlp_dim", "latent_dim", "num_enc_layers"), INT_AT_LEAST_1
-    ),
+    **dict.fromkeys(("action_dim", "enc_dim", "mlp_dim", "latent_dim", "num_enc_layers"), INT_AT_LEAST_1),
+    "num_channels": INT_AT_LEAST_1,
     **dict.fromkeys(
         ("num_q", "simnorm_dim", "num_bins", "batch_size", "horizon", "iterations"), INT_AT_LEAST_1
     ),
@@ -249,7 +277,10 @@ def preset(model_size: int, **overrides) -> TDMPC2Config:
     base = TDMPC2Config(
         enc_dim=enc_dim, mlp_dim=mlp_dim, latent_dim=latent_dim, num_enc_layers=num_enc_layers, num_q=num_q
     )
-    cfg = base.replace(**{k: v for k, v in overrides.items() if v is not None})
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if "image_shape" in overrides:  # a list after a JSON round trip; the config is hashed
+        overrides["image_shape"] = tuple(int(v) for v in overrides["image_shape"])
+    cfg = base.replace(**overrides)
     check_fields(cfg, _RULES, "TD-MPC2")
     if (
         cfg.num_bins < 2
@@ -274,7 +305,50 @@ def preset(model_size: int, **overrides) -> TDMPC2Config:
     if not cfg.num_pi_trajs < cfg.num_samples or not cfg.num_elites <= cfg.num_samples:
         raise ValueError("num_pi_trajs must be below num_samples and num_elites at most num_samples.")
     _check_tasks(cfg)
+    _check_observation(cfg)
     return cfg
+
+
+def _check_observation(cfg: TDMPC2Config) -> None:
+    """A vector (obs_dim >= 1) or a 64 x 64 image whose encoding is ``latent_dim`` wide, not both."""
+    obs_dim = cfg.obs_dim
+    if isinstance(obs_dim, bool) or not isinstance(obs_dim, int) or obs_dim < 0:
+        raise ValueError(f"TD-MPC2: obs_dim={obs_dim!r} is invalid; it must be an integer >= 0.")
+    if not cfg.image_shape:
+        if obs_dim == 0:
+            raise ValueError("TD-MPC2: the observation has neither a vector (obs_dim=0) nor an image.")
+        return
+    if obs_dim:
+        raise ValueError(
+            f"TD-MPC2: the observation has an image {cfg.image_shape} and {obs_dim} vector values; TD-MPC2 "
+            "encodes one observation type, 'state' or 'rgb' (layers.py:153-164@eece801), not both. Give it "
+            "the image alone (e.g. make_dmc_env(task, pixels=True, frame_stack=3)) or the state vector alone."
+        )
+    if cfg.multitask:
+        raise ValueError(
+            "TD-MPC2: a multi-task agent cannot learn from images (the reference joins the task "
+            "embedding to a state observation, world_model.py:104-111@eece801, and its multi-task data is "
+            "state-based): use state observations, or a single-task agent for pixels."
+        )
+    if len(cfg.image_shape) != 3 or min(cfg.image_shape) < 1:
+        raise ValueError(f"TD-MPC2: image_shape={cfg.image_shape} must be (H, W, C), each at least 1.")
+    height, width, _ = cfg.image_shape
+    if (height, width) != (IMAGE_SIDE, IMAGE_SIDE):
+        raise ValueError(
+            f"TD-MPC2: images of {height} x {width} pixels; its pixel encoder takes {IMAGE_SIDE} x "
+            f"{IMAGE_SIDE} images (the reference asserts it, layers.py:141@eece801). Render them at that "
+            "size (make_dmc_env(task, pixels=True) does) or resize them (gymnasium.wrappers."
+            "ResizeObservation)."
+        )
+    width_out = cfg.num_channels * PIXEL_FEATURE_CELLS
+    if width_out != cfg.latent_dim:
+        raise ValueError(
+            f"TD-MPC2: the pixel encoder's output, num_channels x 4 x 4 = {cfg.num_channels} x 16 = "
+            f"{width_out} values, is the latent itself (not projected, layers.py:136-150@eece801), but "
+            f"latent_dim={cfg.latent_dim}. Use model_size=5 (latent 512 with the default "
+            f"num_channels=32), or num_channels=latent_dim/16 (= {cfg.latent_dim / PIXEL_FEATURE_CELLS:g}), "
+            f"or latent_dim=num_channels x 16 (= {width_out})."
+        )
 
 
 def _check_tasks(cfg: TDMPC2Config) -> None:

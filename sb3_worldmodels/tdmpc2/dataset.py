@@ -82,6 +82,13 @@ def export_episodes(agent: Any, path: PathLike, episode_length: int | None = Non
             f"{name} has no episode replay to export: train it with learn() (or load its replay with "
             "load_replay_buffer()) first."
         )
+    if getattr(config, "image_shape", ()):
+        raise ValueError(
+            f"{name} learns from images {tuple(config.image_shape)}: export_episodes writes state "
+            "observations for multi-task training, which takes state vectors only (as the reference's "
+            "multi-task data). Image episodes cannot be exported: train the agents to export on the "
+            "tasks' state observations."
+        )
     arrays, meta = replay.export_state()
     if meta.get("class") != "EpisodeReplay":
         raise ValueError(

@@ -381,9 +381,12 @@ class TDMPC2MultiTask:
             or obs.shape != (width,)
             or act.shape != (self.config.action_dims[k],)
         ):
+            pixels = (
+                " (multi-task models take state vectors, not images)" if len(obs.shape or ()) >= 2 else ""
+            )
             raise ValueError(
                 f"the env given for task {name!r} has spaces {obs} / {act}; the task's are Box({width},) "
-                f"observations and Box({self.config.action_dims[k]},) actions in [-1, 1]."
+                f"observations{pixels} and Box({self.config.action_dims[k]},) actions in [-1, 1]."
             )
 
     # ------------------------------------------------------------------ reference checkpoints

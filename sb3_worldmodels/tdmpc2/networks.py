@@ -22,7 +22,9 @@ Pixel observations (later upstream code, @eece801): :class:`PixelEncoder`, the r
 encoder (layers.py:36-71,136-164@eece801), on channel-last uint8 images (..., H, W, C) with the
 shift augmentation of :mod:`sb3_worldmodels.blocks.images`; its parameters ``{"2", "4", "6", "8"}``
 are the reference's ``_encoder.rgb.{2,4,6,8}`` convolutions, kernels (kh, kw, in, out) (PyTorch's
-Conv2d weight (out, in, kh, kw) transposed by (2, 3, 1, 0)).
+Conv2d weight (out, in, kh, kw) transposed by (2, 3, 1, 0)). With ``config.image_shape`` it is the
+agent's ``"encoder"`` (in place of the state MLP: the reference builds the encoder of its one
+observation type, layers.py:153-164@eece801) and :func:`encode` takes images and their shift offsets.
 
 Shape symbols: L latent, A action, O observation, K ensemble members, n bins.
 """
@@ -323,14 +325,20 @@ def init_pixel_encoder(
 
 
 @functools.cache
-def modules(config: TDMPC2Config) -> dict[str, MLP]:
+def modules(config: TDMPC2Config) -> dict[str, nn.Module]:
     """The agent's networks by parameter-tree name (world_model.py:24-31@b67b21c; the termination
     head of world_model.py:28@7ec6bc8 when episodic). ``"qs"`` is one Q member; the K members share
-    its definition and stack their parameters on a leading axis (:func:`q_logits`)."""
+    its definition and stack their parameters on a leading axis (:func:`q_logits`). The encoder is
+    the state MLP, or the :class:`PixelEncoder` for an image observation (layers.py:153-164@eece801)."""
     lat, act, hid = config.latent_dim, config.action_dim, config.mlp_dim
     norm = config.simnorm_dim
-    nets = {
-        "encoder": MLP((config.enc_dim,) * max(config.num_enc_layers - 1, 1), lat, "simnorm", norm),
+    encoder: nn.Module
+    if config.image_shape:
+        encoder = PixelEncoder(config.num_channels, norm)
+    else:
+        encoder = MLP((config.enc_dim,) * max(config.num_enc_layers - 1, 1), lat, "simnorm", norm)
+    nets: dict[str, nn.Module] = {
+        "encoder": encoder,
         "dynamics": MLP((hid, hid), lat, "simnorm", norm),
         "reward": MLP((hid, hid), config.num_bins, "zero"),
         "pi": MLP((hid, hid), 2 * act),
@@ -352,7 +360,7 @@ TASK_EMB_INIT = 0.02
 """The task embedding starts U(−0.02, 0.02) (nn.Embedding in init.py:4-22@b67b21c)."""
 
 
-def _init_module(net: MLP, width: int, key: Array) -> dict:
+def _init_module(net: nn.Module, width: int, key: Array) -> dict:
     return net.init(key, jnp.zeros((1, width), jnp.float32))["params"]
 
 
@@ -368,7 +376,11 @@ def init_params(config: TDMPC2Config, key: Array) -> tuple[dict, dict]:
     params: dict = {}
     for name, net in nets.items():
         init = functools.partial(_init_module, net, _input_width(config, name))
-        if name == "qs":  # K independently initialised members, stacked
+        if name == "encoder" and config.image_shape:
+            height, width, channels = config.image_shape
+            image = (height, width, channels)
+            params[name] = init_pixel_encoder(keys[name], image, config.num_channels, config.simnorm_dim)
+        elif name == "qs":  # K independently initialised members, stacked
             params[name] = jax.vmap(init)(jax.random.split(keys[name], config.num_q))
         else:
             params[name] = init(keys[name])
@@ -434,8 +446,23 @@ def _with_task(x: Array, task: Task | None) -> Array:
 # ------------------------------------------------------------------------------------------------
 
 
-def encode(config: TDMPC2Config, params: dict, obs: Array, task: Task | None = None) -> Array:
-    """(..., O) observations → (..., L) latents (``world_model.py:97-104``)."""
+def encode(
+    config: TDMPC2Config, params: dict, obs: Array, task: Task | None = None, shifts: Array | None = None
+) -> Array:
+    """(..., O) observations → (..., L) latents (``world_model.py:97-104``).
+
+    With ``config.image_shape``: (..., H, W, C) uint8 images through the :class:`PixelEncoder`
+    (world_model.py:104-111@eece801), shifted by ``shifts`` (..., 2) (the reference's ShiftAug, which
+    it applies at every encode: draw them fresh per call, e.g. with
+    :func:`~sb3_worldmodels.blocks.images.random_shifts`); None leaves the images as they are (the
+    same as offset ``pad``).
+    """
+    if config.image_shape:
+        if task is not None:
+            raise ValueError("a multi-task TD-MPC2 encodes state observations only (no images).")
+        encoder = modules(config)["encoder"]
+        latent: Array = encoder.apply({"params": params["encoder"]}, obs, shifts)  # type: ignore[assignment]
+        return latent
     return _run(config, "encoder", params["encoder"], _with_task(obs, task))
 
 

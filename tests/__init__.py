@@ -1,0 +1,1 @@
+"""The test suite (a package, so that ``tests.*`` imports resolve here before any installed ``tests``)."""
