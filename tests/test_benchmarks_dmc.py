@@ -30,15 +30,17 @@ def test_protocol_smoke_run_records_a_comparable_curve(agent, tmp_path):
     assert verdict["passed"] is None and "budget" in verdict["note"]
 
 
-def full_run(agent: str, task: str, score: float) -> dict:
-    frames = PUBLISHED[agent]["protocol"]["frames"]
-    env_id = PUBLISHED[agent]["tasks"][task]["env_id"]
+def full_run(agent: str, task: str, score: float, pixels: bool = False) -> dict:
+    table = PUBLISHED[agent + ("_pixels" if pixels else "")]
+    frames = table["protocol"]["frames"]
+    env_id = table["tasks"][task]["env_id"]
     return {
         "agent": agent,
         "task": task,
         "env_id": env_id,
         "seed": 0,
         "smoke": False,
+        "pixels": pixels,
         "frames": frames,
         "curve": [{"frames": frames // 2, "eval_mean": 0.0}, {"frames": frames, "eval_mean": score}],
         "train_curve": [{"frames": frames // 2, "return": 0.0}, {"frames": frames - 1000, "return": score}],
@@ -69,15 +71,73 @@ def test_interpolation_between_published_points():
 
 
 def test_dreamerv3_pixel_protocol_smoke_run(tmp_path):
-    """The DMC-vision protocol end to end: rendered 64 x 64 images, DreamerV3's CnnPolicy, no verdict
-    (no published DreamerV3 visual-control numbers in the reference's score files)."""
+    """The DMC-vision protocol end to end: rendered 64 x 64 images, DreamerV3's CnnPolicy; compared
+    with the published visual-control runs (cartpole_balance: 995.6), but a smoke run gets no verdict."""
     args = ["--agent", "dreamerv3", "--task", "cartpole-balance", "--smoke", "--pixels", "--frames", "200"]
     path = dmc_protocol.main([*args, "--out", str(tmp_path)])
     assert path.name == "dmc_pixels_dreamerv3_cartpole-balance_seed0_smoke.json"
     result = json.loads(path.read_text())
     assert result["pixels"] and result["updates"] > 0 and result["curve"]
     (verdict,) = compare_dmc.main([str(path)])
-    assert verdict["passed"] is None and "no published numbers" in verdict["note"]
+    assert verdict["reference"] == 995.6
+    assert verdict["passed"] is None and "budget" in verdict["note"]
+
+
+def test_dreamerv3_pixel_band_uses_the_published_vision_runs():
+    # acrobot_swingup from pixels, 990K bin: 207.9 +- 63.0 (10 seeds) -> bound 207.9 - 126.0 = 81.9.
+    verdict = compare_dmc.compare(full_run("dreamerv3", "acrobot_swingup", 82.0, pixels=True), PUBLISHED)
+    assert verdict["reference"] == 207.9 and verdict["lower_bound"] == pytest.approx(81.9)
+    assert verdict["passed"] is True and verdict["frames"] == 1_000_000
+    verdict = compare_dmc.compare(full_run("dreamerv3", "acrobot_swingup", 81.8, pixels=True), PUBLISHED)
+    assert verdict["passed"] is False
+    # walker_walk: 964.6 +- 9.3, where 10% of the reference (96.46) is the wider margin: 868.14.
+    verdict = compare_dmc.compare(full_run("dreamerv3", "walker_walk", 868.0, pixels=True), PUBLISHED)
+    assert verdict["lower_bound"] == pytest.approx(868.14) and verdict["passed"] is False
+    # Not the proprio numbers (walker_walk from states: 881.0), and a 500K-frame run gets no verdict.
+    assert compare_dmc.compare(full_run("dreamerv3", "walker_walk", 0.0), PUBLISHED)["reference"] == 881.0
+    short = {**full_run("dreamerv3", "walker_walk", 990.0, pixels=True), "frames": 500_000}
+    assert compare_dmc.compare(short, PUBLISHED)["passed"] is None
+
+
+def test_published_dreamerv3_tables_cover_the_reference_tasks():
+    states, pixels = PUBLISHED["dreamerv3"], PUBLISHED["dreamerv3_pixels"]
+    assert len(states["tasks"]) == 18 and len(pixels["tasks"]) == 20
+    assert set(pixels["tasks"]) - set(states["tasks"]) == {"quadruped_run", "quadruped_walk"}
+    assert states["bins"]["final"] == 490_000 and pixels["bins"]["final"] == 990_000
+    seeds = {task: entry["seeds"] for task, entry in pixels["tasks"].items() if entry["seeds"] != 10}
+    assert seeds == {"finger_turn_hard": 9, "reacher_hard": 8}
+    for table in (states, pixels):
+        for entry in table["tasks"].values():
+            assert set(entry) == {"env_id", "seeds", "final", "final_std", "last5", "at"}
+
+
+def test_published_env_ids_are_registered_dm_control_ids():
+    from sb3_worldmodels.common.envs import dmc_env_id
+
+    for name in ("tdmpc2", "dreamerv3", "tdmpc2_pixels", "dreamerv3_pixels"):
+        for task, entry in PUBLISHED[name]["tasks"].items():
+            assert dmc_env_id(entry["env_id"]) == entry["env_id"] == dmc_env_id(task), (name, task)
+
+
+def test_transcription_bins_as_the_reference():
+    """Bins (start, stop] labelled by stop over 0, 10K, ..., budget - 10K; an empty bin repeats the one
+    before; final/final_std over seeds (ddof 0); last5 the mean of the last five bins."""
+    binned = compare_dmc.binning([5, 10, 11, 35], [1.0, 3.0, 10.0, 7.0], [0, 10, 20, 30, 40])
+    assert binned == [2.0, 10.0, 10.0, 7.0]
+    runs = [
+        {"task": "dmc_x", "seed": 0, "xs": [8_016, 16_032, 95_000, 99_000], "ys": [0.0, 10.0, 50.0, 70.0]},
+        # The episode past the last bin (the 90K-100K bin of a 100K budget) is left out.
+        {"task": "dmc_x", "seed": 1, "xs": [8_016, 89_000, 95_000], "ys": [2.0, 30.0, 999.0]},
+    ]
+    (entry,) = compare_dmc.transcribe(runs, budget=100_000, at=(10_000, 20_000)).values()
+    # Seed 0's bins 10K ... 90K: 0, 10, 10, ..., 10; seed 1's: 2, 2, ..., 2, 30.
+    assert entry == {
+        "seeds": 2,
+        "final": 20.0,  # (10 + 30) / 2
+        "final_std": 10.0,
+        "last5": 8.8,  # (5 * 10 + 4 * 2 + 30) / 10
+        "at": {"10000": 1.0, "20000": 6.0},
+    }
 
 
 def test_pixel_runs_are_compared_with_the_published_pixel_runs():
