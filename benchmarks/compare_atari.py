@@ -27,11 +27,12 @@ run shorter than the budget, is reported without a verdict.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+
+from compare_dmc import print_verdicts, read_score_file
 
 PUBLISHED = Path(__file__).parent / "data" / "published_atari.json"
 EPISODES = 5
@@ -112,15 +113,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--transcribe", type=Path, help="print the numbers of the reference's score file")
     args = parser.parse_args(argv)
     if args.transcribe:
-        opener = gzip.open if args.transcribe.suffix == ".gz" else open
-        with opener(args.transcribe, "rt") as file:
-            print(json.dumps(transcribe(json.load(file)), indent=1))
+        print(json.dumps(transcribe(read_score_file(args.transcribe)), indent=1))
         return []
-    published = json.loads(PUBLISHED.read_text())
-    verdicts = [compare(json.loads(p.read_text()), published) for p in args.results]
-    for verdict in verdicts:
-        print(json.dumps(verdict))
-    return verdicts
+    return print_verdicts(args.results, json.loads(PUBLISHED.read_text()), compare)
 
 
 if __name__ == "__main__":

@@ -152,12 +152,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--at", type=int, nargs="*", default=[100_000, 250_000], help="with --transcribe")
     args = parser.parse_args(argv)
     if args.transcribe:
-        opener = gzip.open if args.transcribe.suffix == ".gz" else open
-        with opener(args.transcribe, "rt") as file:
-            print(json.dumps(transcribe(json.load(file), args.budget, args.at), indent=1))
+        print(json.dumps(transcribe(read_score_file(args.transcribe), args.budget, args.at), indent=1))
         return []
-    published = json.loads(PUBLISHED.read_text())
-    verdicts = [compare(json.loads(p.read_text()), published) for p in args.results]
+    return print_verdicts(args.results, json.loads(PUBLISHED.read_text()), compare)
+
+
+def read_score_file(path: Path) -> list[dict]:
+    """The runs of a reference score file (``scores/*.json.gz``, or plain JSON)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as file:
+        return json.load(file)
+
+
+def print_verdicts(results: Sequence[Path], published: dict, judge) -> list[dict]:
+    """``judge(result, published)`` for each result file, printed one JSON line each and returned."""
+    verdicts = [judge(json.loads(p.read_text()), published) for p in results]
     for verdict in verdicts:
         print(json.dumps(verdict))
     return verdicts

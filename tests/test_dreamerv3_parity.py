@@ -150,6 +150,19 @@ def recorded_noise(forward: dict[str, np.ndarray], config: DreamerV3Config) -> A
     )
 
 
+def initial_state(config: DreamerV3Config, recorded: dict[str, np.ndarray]) -> A.DreamerState:
+    """The agent state at the reference's recorded initial parameters (fresh optimiser and normaliser)."""
+    params, slow = params_from_reference(recorded, config)
+    return A.DreamerState(
+        params=params,
+        slow_critic=slow,
+        opt_state=A.make_optimizer(config).init(params),
+        retnorm=A.percentile_norm_init(),
+        key=jnp.zeros((2,), jnp.uint32),
+        updates=jnp.zeros((), jnp.int32),
+    )
+
+
 # ------------------------------------------------------------------------------------------------
 # Running the reference's two steps
 # ------------------------------------------------------------------------------------------------
@@ -178,15 +191,7 @@ def run(request: pytest.FixtureRequest) -> dict[str, Any]:
     agent = request.param
     prefix = AGENTS[agent]["prefix"]
     config = config_for(agent)
-    params, slow = params_from_reference(load(f"{prefix}params_init"), config)
-    state = A.DreamerState(
-        params=params,
-        slow_critic=slow,
-        opt_state=A.make_optimizer(config).init(params),
-        retnorm=A.percentile_norm_init(),
-        key=jnp.zeros((2,), jnp.uint32),
-        updates=jnp.zeros((), jnp.int32),
-    )
+    state = initial_state(config, load(f"{prefix}params_init"))
     out: dict[str, Any] = {"agent": agent, "config": config, "prefix": prefix, "init_state": state}
     with reference_means():
         update = jax.jit(A.update_with_noise, static_argnames="config")  # traced with the patch

@@ -29,6 +29,7 @@ from tests.parity_helpers import assert_close, dreamerv3_update_record
 from tests.test_dreamerv3_parity import (
     fixture_batch,
     fixture_grads,
+    initial_state,
     load,
     recorded_noise,
     reference_means,
@@ -55,15 +56,8 @@ def image_config() -> DreamerV3Config:
 @pytest.fixture(scope="module")
 def run() -> dict[str, Any]:
     config = image_config()
-    params, slow = params_from_reference(load(f"{PREFIX}params_init"), config)
-    state = A.DreamerState(
-        params=params,
-        slow_critic=slow,
-        opt_state=A.make_optimizer(config).init(params),
-        retnorm=A.percentile_norm_init(),
-        key=jnp.zeros((2,), jnp.uint32),
-        updates=jnp.zeros((), jnp.int32),
-    )
+    state = initial_state(config, load(f"{PREFIX}params_init"))
+    params = state.params
     data = load(f"{PREFIX}batch")
     batch = {**fixture_batch(data, config), "image": data["image"]}
     forward = load(f"{PREFIX}forward")
