@@ -56,7 +56,7 @@ def test_flatten_dict_observation_matches_the_agents_own_order():
     raw = env._obs()
     adapter = ObservationAdapter.from_space(env.observation_space, "test")
     batched = {k: np.asarray(v)[None] for k, v in raw.items()}
-    np.testing.assert_array_equal(obs, adapter.flatten(batched)[0])
+    np.testing.assert_array_equal(obs, adapter.convert(batched)[0])
     assert obs.dtype == np.float32 and flat.observation_space.shape == (adapter.dim,)
     with pytest.raises(ValueError, match="Dict of Box"):
         FlattenDictObservation(ChainEnv())
