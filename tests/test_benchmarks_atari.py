@@ -18,6 +18,7 @@ import compare_atari  # noqa: E402
 PUBLISHED = json.loads(compare_atari.PUBLISHED.read_text())
 
 
+@pytest.mark.slow  # a benchmark script end to end (minutes of compiling); run with -m slow
 def test_protocol_smoke_run_records_a_comparable_result(tmp_path):
     path = atari_protocol.main(["--game", "Pong", "--smoke", "--out", str(tmp_path)])
     assert path.name == "atari100k_dreamerv3_pong_seed0_smoke.json"

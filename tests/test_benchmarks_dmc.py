@@ -70,6 +70,7 @@ def test_interpolation_between_published_points():
     assert compare_dmc._interpolate([100, 500], [10.0, 50.0], 900) == 50.0
 
 
+@pytest.mark.slow  # a benchmark script end to end (minutes of compiling); run with -m slow
 def test_dreamerv3_pixel_protocol_smoke_run(tmp_path):
     """The DMC-vision protocol end to end: rendered 64 x 64 images, DreamerV3's CnnPolicy; compared
     with the published visual-control runs (cartpole_balance: 995.6), but a smoke run gets no verdict."""
