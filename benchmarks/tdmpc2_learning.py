@@ -3,9 +3,14 @@
     python benchmarks/tdmpc2_learning.py --task pendulum --seed 0      # Pendulum-v1, size 1, 6,000 steps
     python benchmarks/tdmpc2_learning.py --task cartpole-balance --seed 0
         # dm_control cartpole-balance, size 1, action repeat 2, 10,000 agent steps
+    python benchmarks/tdmpc2_learning.py --task cartpole-balance-pixels --seed 0 --eval-every 0
+        # the same from pixels: 64x64 RGB, camera 0, 3 stacked frames, pixel encoder with 8 channels
 
 Acceptance (written before any run): Pendulum-v1, final evaluation (10 episodes, deterministic) >= -300
 (seed library: -143 and -124); cartpole-balance, final evaluation >= 800 (seed library: 810 and 854).
+cartpole-balance from pixels (written 2026-12-03, before its first run), final evaluation >= 510: halfway
+from a random policy (293.0 over 10 episodes, benchmarks/results/tdmpc2_multitask.json) to the weakest
+of the three state-based seeds at the same 10,000 steps (727.0, seed 2).
 An evaluation of 10 deterministic episodes runs every ``--eval-every`` agent steps (default 1,000; each
 costs as many plans as its episodes have steps) and at the end; the returns of the training episodes
 are recorded too. The run is checkpointed every 1,000 agent steps (model, replay, curves) in
@@ -26,7 +31,13 @@ from evaluation import evaluate_fresh, learn_in_segments, run_record
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import configure
 
-from sb3_worldmodels import TDMPC2, ActionRepeat
+from sb3_worldmodels import TDMPC2, ActionRepeat, make_dmc_env
+from sb3_worldmodels.common.envs import use_headless_rendering
+
+PIXEL_THRESHOLD = 293.0 + 0.5 * (727.0 - 293.0)
+"""The pixel check's bar (see the module docstring): 510."""
+PIXEL_CHANNELS = {1: 8, 5: 32}
+"""The pixel encoder's ``num_channels`` per model size: num_channels x 16 = latent_dim."""
 
 TASKS = {
     "pendulum": dict(env="Pendulum-v1", steps=6_000, threshold=-300.0, action_repeat=1, episode_length=None),
@@ -37,6 +48,14 @@ TASKS = {
         action_repeat=2,
         episode_length=1000,
     ),
+    "cartpole-balance-pixels": dict(
+        env="dm_control/cartpole-balance-v0",
+        steps=10_000,
+        threshold=PIXEL_THRESHOLD,
+        action_repeat=2,
+        episode_length=1000,
+        pixels=True,
+    ),
 }
 CHECKPOINT_EVERY = 1_000
 RESULTS = Path(__file__).parent / "results"
@@ -45,9 +64,18 @@ RESULTS = Path(__file__).parent / "results"
 def make_task_env(task_name: str, seed: int = 0):
     """One seeded env of the task (a VecEnv), with its action repeat."""
     task = TASKS[task_name]
+    if task.get("pixels"):
+        use_headless_rendering()  # before dm_control's first import
     if task["env"].startswith("dm_control/"):
         import shimmy  # noqa: F401  (registers dm_control ids)
     repeat = task["action_repeat"]
+    if task.get("pixels"):  # make_dmc_env repeats the action itself and renders after the last step
+        env_id = task["env"]
+        return make_vec_env(
+            lambda: make_dmc_env(env_id, action_repeat=repeat, pixels=True, frame_stack=3),
+            n_envs=1,
+            seed=seed,
+        )
     wrapper = {"wrapper_class": ActionRepeat, "wrapper_kwargs": {"repeat": repeat}} if repeat > 1 else {}
     return make_vec_env(task["env"], n_envs=1, seed=seed, **wrapper)
 
@@ -77,10 +105,12 @@ def main() -> None:
     make_env = functools.partial(make_task_env, args.task)
 
     def make_model() -> TDMPC2:
+        pixel_encoder = {"num_channels": PIXEL_CHANNELS[args.model_size]} if task.get("pixels") else {}
         return TDMPC2(
-            "MlpPolicy",
+            "CnnPolicy" if task.get("pixels") else "MlpPolicy",
             make_env(args.seed),
             model_size=args.model_size,
+            **pixel_encoder,
             action_repeat=repeat,
             episode_length=task["episode_length"],
             dropout_masks=args.dropout_masks,

@@ -2,6 +2,7 @@
 seconds and agent steps per second (one plan and one update per agent step, as after the seed phase).
 
     python benchmarks/tdmpc2_speed.py --size 1 --size 5 --repeats 20
+    python benchmarks/tdmpc2_speed.py --size 1 --size 5 --observation vector --observation pixels
     PYTHONPATH=/tmp/base python benchmarks/tdmpc2_speed.py --size 1 --impl sb3wm_base --impl sb3_worldmodels
 
 Each timing is a median over ``--repeats`` calls after compilation; plans and updates of every
@@ -35,24 +36,40 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
+PIXEL_SHAPE = (64, 64, 9)
+"""Three stacked 64 x 64 RGB frames, channel-last, as ``make_dmc_env(task, pixels=True, frame_stack=3)``."""
 
-def build(size: int, obs_dim: int, action_dim: int, impl: str = "sb3_worldmodels") -> dict:
+
+def build(
+    size: int, obs_dim: int, action_dim: int, impl: str = "sb3_worldmodels", pixels: bool = False
+) -> dict:
+    """Compiled plan and update of one model size on random inputs; ``pixels``: 64 x 64 images of
+    three stacked RGB frames (uint8, 9 channels) instead of the vector, the encoder's ``num_channels``
+    = latent_dim / 16 (size 1: 8; size 5: 32, the reference's default)."""
     core = importlib.import_module(f"{impl}.tdmpc2.agent")
     preset = importlib.import_module(f"{impl}.tdmpc2.config").preset
     options = importlib.import_module(f"{impl}.blocks.jit").COMPILER_OPTIONS
     act_jit = jax.jit(core.act, static_argnames=("config", "eval_mode"), compiler_options=options)
     train_many_jit = jax.jit(core.train_many, static_argnames=("config",), compiler_options=options)
     config = preset(size, obs_dim=obs_dim, action_dim=action_dim, discount=0.975)
+    if pixels:
+        config = config.replace(obs_dim=0, image_shape=PIXEL_SHAPE, num_channels=config.latent_dim // 16)
     state = core.init_state(config, jax.random.PRNGKey(0))
     rng = np.random.default_rng(0)
     h, b = config.horizon, config.batch_size
+
+    def observations(*shape: int) -> jax.Array:
+        if pixels:
+            return jnp.asarray(rng.integers(0, 256, size=(*shape, *PIXEL_SHAPE)), jnp.uint8)
+        return jnp.asarray(rng.normal(size=(*shape, obs_dim)), jnp.float32)
+
     batch = {
-        "obs": jnp.asarray(rng.normal(size=(1, h + 1, b, obs_dim)), jnp.float32),
+        "obs": observations(1, h + 1, b),
         "action": jnp.asarray(rng.uniform(-1, 1, size=(1, h, b, action_dim)), jnp.float32),
         "reward": jnp.asarray(rng.normal(size=(1, h, b)), jnp.float32),
         "terminated": jnp.zeros((1, h, b), jnp.float32),
     }
-    obs = jnp.asarray(rng.normal(size=(1, obs_dim)), jnp.float32)
+    obs = observations(1)
     prev = jnp.zeros((1, h, action_dim), jnp.float32)
     first = jnp.zeros((1,), bool)
     key = jax.random.PRNGKey(1)
@@ -67,6 +84,9 @@ def build(size: int, obs_dim: int, action_dim: int, impl: str = "sb3_worldmodels
     row = {
         "impl": impl,
         "size": size,
+        "observation": "pixels 64x64x9" if pixels else f"vector {obs_dim}",
+        # the replay's fields (TDMPC2._replay_fields): obs, float32 action, reward and terminated
+        "replay_bytes_per_row": int(obs[0].nbytes + 4 * (action_dim + 2)),
         "plan_compile_s": round(plan_compile, 2),
         "update_compile_s": round(update_compile, 2),
         "plan_times": [],
@@ -143,12 +163,19 @@ def main() -> None:
     parser.add_argument("--obs-dim", type=int, default=3)
     parser.add_argument("--action-dim", type=int, default=1)
     parser.add_argument("--impl", action="append", help="package to time (default sb3_worldmodels)")
+    parser.add_argument(
+        "--observation",
+        choices=["vector", "pixels"],
+        action="append",
+        help="vector (--obs-dim values, the default) and/or pixels (64x64x9 uint8); both: side by side",
+    )
     parser.add_argument("--reference-src", help="the reference's tdmpc2/ source folder (b67b21c)")
     parser.add_argument("--reference-python", default=sys.executable, help="Python for the reference")
     args = parser.parse_args()
     builds = [
-        build(size, args.obs_dim, args.action_dim, impl)
+        build(size, args.obs_dim, args.action_dim, impl, pixels=observation == "pixels")
         for size in args.size or [1, 5]
+        for observation in args.observation or ["vector"]
         for impl in args.impl or ["sb3_worldmodels"]
     ]
     if args.reference_src:
@@ -168,6 +195,8 @@ def main() -> None:
                 {
                     "impl": b["impl"],
                     "size": b["size"],
+                    "observation": b.get("observation", f"vector {args.obs_dim}"),
+                    "replay_bytes_per_row": b.get("replay_bytes_per_row"),
                     "params": b["params"](),
                     "plan_ms": round(plan_ms, 1),
                     "update_ms": round(update_ms, 1),

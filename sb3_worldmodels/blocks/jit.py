@@ -25,6 +25,21 @@ and "bfloat16" allow the faster reduced-precision passes of recent GPUs; "defaul
 default (TF32 on recent NVIDIA GPUs). CPUs compute float32 in every mode."""
 
 
+def scan_updates(body: Callable[[Any, Any], tuple[Any, Any]], state: Any, batches: Any) -> tuple[Any, Any]:
+    """``jax.lax.scan(body, state, batches)`` over the leading K axis, without the loop when K is 1
+    (the call's one update, its outputs given the leading axis of 1).
+
+    XLA:CPU runs a convolution's weight gradient inside a while loop 20-100x slower than the same
+    gradient outside one (a 7x7 stride-2 convolution of 256 images, 9 to 8 channels: 99 ms outside,
+    4.1 s inside), so a pixel update of one per call must not sit in a loop of one.
+    """
+    leaves = jax.tree_util.tree_leaves(batches)
+    if leaves and all(leaf.shape[0] == 1 for leaf in leaves):
+        state, out = body(state, jax.tree_util.tree_map(lambda leaf: leaf[0], batches))
+        return state, jax.tree_util.tree_map(lambda leaf: jax.numpy.expand_dims(leaf, 0), out)
+    return jax.lax.scan(body, state, batches)
+
+
 def check_matmul_precision(value: str) -> str:
     if value not in MATMUL_PRECISIONS:
         raise ValueError(f"matmul_precision must be one of {MATMUL_PRECISIONS}, got {value!r}.")

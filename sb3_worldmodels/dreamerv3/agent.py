@@ -44,7 +44,7 @@ from sb3_worldmodels.blocks.distributions import (
     onehot_mode,
     symlog_mse_log_prob,
 )
-from sb3_worldmodels.blocks.jit import agent_jit
+from sb3_worldmodels.blocks.jit import agent_jit, scan_updates
 from sb3_worldmodels.blocks.math import (
     imagination_weight,
     imagined_lambda_return,
@@ -902,7 +902,8 @@ def train_step(
 def train_many(
     config: DreamerV3Config, state: DreamerState, batches: dict[str, Array]
 ) -> tuple[DreamerState, dict[str, Array], dict[str, Array]]:
-    """K updates in one call: ``jax.lax.scan`` of :func:`train_step` over the leading K axis.
+    """K updates in one call: :func:`train_step` scanned over the leading K axis (no loop when K is 1,
+    :func:`~sb3_worldmodels.blocks.jit.scan_updates`).
 
     Returns:
         (state after K updates, metrics of every update with a leading K, latents with a leading K).
@@ -912,7 +913,7 @@ def train_many(
         carry, metrics, latents = train_step(config, carry, batch)
         return carry, (metrics, latents)
 
-    state, (metrics, latents) = jax.lax.scan(body, state, batches)
+    state, (metrics, latents) = scan_updates(body, state, batches)
     return state, metrics, latents
 
 

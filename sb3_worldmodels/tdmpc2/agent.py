@@ -30,7 +30,7 @@ import numpy as np
 import optax
 
 from sb3_worldmodels.blocks.images import random_shifts, shift_images
-from sb3_worldmodels.blocks.jit import agent_jit
+from sb3_worldmodels.blocks.jit import agent_jit, scan_updates
 from sb3_worldmodels.blocks.math import symlog_twohot_log_prob
 from sb3_worldmodels.blocks.normalizers import (
     RunningScaleState,
@@ -417,8 +417,9 @@ def train_step(
 def train_many(
     config: TDMPC2Config, state: TDMPC2State, batches: dict[str, Array]
 ) -> tuple[TDMPC2State, dict[str, Array]]:
-    """K updates in one call, scanned over the leading K axis of ``batches``; metrics get a leading K."""
-    return jax.lax.scan(lambda s, b: train_step(config, s, b), state, batches)
+    """K updates in one call, scanned over the leading K axis of ``batches`` (no loop when K is 1,
+    :func:`~sb3_worldmodels.blocks.jit.scan_updates`); metrics get a leading K."""
+    return scan_updates(lambda s, b: train_step(config, s, b), state, batches)
 
 
 # ------------------------------------------------------------------------------------------------
