@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sb3_worldmodels.blocks.convolution import conv2d
+
 Array = jax.Array
 Initializer = Callable[[Array, Sequence[int], Any], Array]
 T = TypeVar("T")
@@ -418,7 +420,8 @@ class Conv(nn.Module):
     ``kernel`` (k, k, I, depth) uses :func:`trunc_normal_fan_in` (fan-in k·k·I, also when transposed)
     with ``outscale``; ``bias`` (depth,) zeros. SAME padding. ``transpose``: ``jax.lax.conv_transpose``
     (the kernel not flipped), which multiplies the height and width by ``stride``; otherwise a plain
-    strided convolution, which divides them (rounding up).
+    strided convolution, which divides them (rounding up). Both computed by
+    :func:`~sb3_worldmodels.blocks.convolution.conv2d`.
 
     Input (..., H, W, I) → output (..., H', W', depth); leading axes are flattened around the call.
     """
@@ -440,14 +443,7 @@ class Conv(nn.Module):
         bias = self.param("bias", nn.initializers.zeros, (self.depth,), jnp.float32)
         lead = x.shape[:-3]
         x = jnp.asarray(x, self.dtype).reshape(-1, *x.shape[-3:])
-        strides = (self.stride, self.stride)
-        numbers = ("NHWC", "HWIO", "NHWC")
-        kernel = kernel.astype(self.dtype)
-        if self.transpose:
-            x = jax.lax.conv_transpose(x, kernel, strides, "SAME", dimension_numbers=numbers)
-        else:
-            x = jax.lax.conv_general_dilated(x, kernel, strides, "SAME", dimension_numbers=numbers)
-        x = x + bias.astype(self.dtype)
+        x = conv2d(x, kernel.astype(self.dtype), self.stride, self.transpose) + bias.astype(self.dtype)
         if self.norm:
             x = RMSNorm(name="norm")(x)
         x = get_act(self.act)(x)

@@ -1,0 +1,147 @@
+"""2-D convolutions on channel-last images, rearranged for XLA:CPU: the same sums as
+``jax.lax.conv_general_dilated`` / ``jax.lax.conv_transpose`` with SAME padding, several times faster
+on a CPU at the few channels of pixel encoders and decoders, and without XLA:CPU's slow gradients
+inside a scan loop.
+
+Two rearrangements (benchmarks/conv_speed.py measures both):
+
+* **Space to depth.** On an image whose sides are even, a stride-1 or stride-2 convolution is a
+  stride-1 convolution of the image's 2x2 blocks (4x the channels) with a kernel of block offsets,
+  and a stride-2 transposed convolution is a stride-1 convolution whose output channels are the
+  2x2 blocks of the output. A convolution with few channels (3 to 4 at 64x64) then runs on 12 to 16,
+  where XLA's kernels are efficient; no multiplication by the zeros of a dilated input is done.
+* **Gradients as forward convolutions.** The stride-1 convolution's input gradient (a convolution of
+  the output gradient with the flipped kernel) and weight gradient (the input and the output gradient
+  correlated, batch and channel axes swapped) are written as forward convolutions with XLA's standard
+  layouts. XLA:CPU computes its own form of the weight gradient inside a ``lax.scan`` body 20-100x
+  slower than outside one (DreamerV3's training calls scan several updates).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+_NUMBERS = ("NHWC", "HWIO", "NHWC")
+_BLOCK = 2
+"""Side of the blocks of the space-to-depth rearrangement."""
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def conv_stride1(x: Array, kernel: Array, pads: tuple[int, int]) -> Array:
+    """Stride-1 correlation: (N, H, W, I) with (k, k, I, O), ``pads`` = (low, high) zero padding of
+    both spatial axes → (N, H + low + high − k + 1, W + ..., O)."""
+    return jax.lax.conv_general_dilated(x, kernel, (1, 1), [pads, pads], dimension_numbers=_NUMBERS)
+
+
+def _conv_stride1_fwd(x: Array, kernel: Array, pads: tuple[int, int]) -> tuple[Array, tuple[Array, Array]]:
+    return conv_stride1(x, kernel, pads), (x, kernel)
+
+
+def _conv_stride1_bwd(
+    pads: tuple[int, int], residuals: tuple[Array, Array], grad: Array
+) -> tuple[Array, Array]:
+    x, kernel = residuals
+    k = kernel.shape[0]
+    low, high = pads
+    # dx[v] = sum_i grad[v + low - i] kernel[i]: the flipped kernel, input and output channels swapped.
+    flipped = jnp.swapaxes(kernel[::-1, ::-1], 2, 3)
+    dx = conv_stride1(grad, flipped, (k - 1 - low, k - 1 - high))
+    # dkernel[i, j, c, o] = sum_{n,h,w} x_padded[n, h + i, w + j, c] grad[n, h, w, o]: images as the
+    # contracted channels, x's channels as the batch.
+    dkernel = conv_stride1(jnp.transpose(x, (3, 1, 2, 0)), jnp.transpose(grad, (1, 2, 0, 3)), pads)
+    return dx, jnp.transpose(dkernel, (1, 2, 0, 3))
+
+
+conv_stride1.defvjp(_conv_stride1_fwd, _conv_stride1_bwd)
+
+
+def same_pads(size: int, k: int, stride: int, transpose: bool) -> tuple[int, int]:
+    """(low, high) SAME padding of one spatial axis, as ``jax.lax`` computes it: for a convolution
+    (``lax.padtype_to_pads``) or, ``transpose``, for ``lax.conv_transpose`` (on the dilated input)."""
+    if transpose:
+        total = k + stride - 2
+        low = k - 1 if stride > k - 1 else math.ceil(total / 2)
+        return low, total - low
+    total = max((-(-size // stride) - 1) * stride + k - size, 0)
+    return total // 2, total - total // 2
+
+
+def _space_to_depth(x: Array) -> Array:
+    """(N, H, W, C) → (N, H/2, W/2, 2·2·C), channels ordered (row phase, column phase, c)."""
+    n, h, w, c = x.shape
+    b = _BLOCK
+    return (
+        x.reshape(n, h // b, b, w // b, b, c)
+        .transpose(0, 1, 3, 2, 4, 5)
+        .reshape(n, h // b, w // b, b * b * c)
+    )
+
+
+def _depth_to_space(y: Array, channels: int) -> Array:
+    """Inverse of :func:`_space_to_depth`: (N, H, W, 2·2·C) → (N, 2H, 2W, C)."""
+    n, h, w, _ = y.shape
+    b = _BLOCK
+    return y.reshape(n, h, w, b, b, channels).transpose(0, 1, 3, 2, 4, 5).reshape(n, h * b, w * b, channels)
+
+
+@functools.cache
+def _block_taps(k: int, stride: int, low: int, transpose: bool) -> tuple[np.ndarray, tuple[int, int]]:
+    """One axis of the block kernel: a 0/1 array S (offsets, input phases, output phases, k) with
+    S[d, q, p, i] = 1 where kernel tap i joins output phase p to input phase q of the block d − dmin
+    away, and the (low, high) padding, in blocks, of the block convolution."""
+    b = _BLOCK
+    taps = []
+    if transpose:  # output u = b·a + p reads dilated input u + i − low, nonzero at multiples of b
+        for p in range(b):
+            for i in range(k):
+                t = p + i - low
+                if t % b == 0:
+                    taps.append((t // b, 0, p, i))
+    else:  # output u = (b/stride)·a + p reads input stride·u + i − low = b·(a + d) + q
+        for p in range(b // stride):
+            for i in range(k):
+                t = stride * p + i - low
+                taps.append((t // b, t % b, p, i))
+    dmin = min(t[0] for t in taps)
+    dmax = max(t[0] for t in taps)
+    select = np.zeros(
+        (dmax - dmin + 1, 1 if transpose else b, b if transpose else b // stride, k), np.float32
+    )
+    for d, q, p, i in taps:
+        select[d - dmin, q, p, i] = 1.0
+    return select, (-dmin, dmax)
+
+
+def conv2d(x: Array, kernel: Array, stride: int = 1, transpose: bool = False) -> Array:
+    """SAME-padded 2-D convolution, (N, H, W, I) with (k, k, I, O) → (N, H', W', O): equal (up to
+    float rounding) to ``lax.conv_general_dilated(x, kernel, (s, s), "SAME")`` (H' = H/s) or, with
+    ``transpose``, ``lax.conv_transpose(x, kernel, (s, s), "SAME")`` (H' = s·H, kernel not flipped).
+
+    Strides 1 and 2 on even square sides run as one stride-1 block convolution (module docstring);
+    anything else falls back to ``jax.lax``.
+    """
+    n, h, w, _ = x.shape
+    k, out = kernel.shape[0], kernel.shape[-1]
+    if h != w or h % _BLOCK or stride not in (1, _BLOCK) or kernel.shape[1] != k:
+        strides = (stride, stride)
+        if transpose:
+            return jax.lax.conv_transpose(x, kernel, strides, "SAME", dimension_numbers=_NUMBERS)
+        return jax.lax.conv_general_dilated(x, kernel, strides, "SAME", dimension_numbers=_NUMBERS)
+    low, _ = same_pads(h, k, stride, transpose)
+    if transpose and stride == 1:  # conv_transpose at stride 1: a convolution with its padding
+        transpose = False
+    select, pads = _block_taps(k, stride, low, transpose)
+    offsets, in_phases, out_phases = select.shape[:3]
+    s = jnp.asarray(select, kernel.dtype)
+    block_kernel = jnp.einsum("aqpi,bwvj,ijco->abqwcpvo", s, s, kernel).reshape(
+        offsets, offsets, in_phases * in_phases * kernel.shape[2], out_phases * out_phases * out
+    )
+    y = conv_stride1(x if transpose else _space_to_depth(x), block_kernel, pads)
+    return _depth_to_space(y, out) if out_phases > 1 else y

@@ -1,0 +1,83 @@
+"""The rearranged convolutions equal jax.lax's, values and gradients (blocks/convolution.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sb3_worldmodels.blocks.convolution import conv2d, conv_stride1, same_pads
+
+NUMBERS = ("NHWC", "HWIO", "NHWC")
+
+
+def lax_conv(x, kernel, stride, transpose):
+    strides = (stride, stride)
+    if transpose:
+        return jax.lax.conv_transpose(x, kernel, strides, "SAME", dimension_numbers=NUMBERS)
+    return jax.lax.conv_general_dilated(x, kernel, strides, "SAME", dimension_numbers=NUMBERS)
+
+
+CASES = [  # (side, in, out, kernel, stride, transpose)
+    (8, 3, 4, 5, 1, False),
+    (8, 4, 6, 5, 2, False),
+    (8, 2, 3, 4, 2, False),
+    (8, 2, 3, 3, 1, False),
+    (4, 5, 4, 5, 2, True),
+    (8, 3, 2, 5, 1, True),
+    (8, 3, 2, 4, 1, True),
+    (6, 2, 3, 4, 2, True),
+    (6, 2, 3, 3, 2, True),
+    (7, 2, 3, 5, 2, False),  # odd side: jax.lax itself
+    (5, 2, 3, 5, 2, True),
+]
+
+
+@pytest.mark.parametrize("side,cin,cout,k,stride,transpose", CASES)
+def test_conv2d_equals_lax_values_and_gradients(side, cin, cout, k, stride, transpose):
+    rng = np.random.default_rng(side * 100 + cin * 10 + k)
+    x = jnp.asarray(rng.normal(size=(3, side, side, cin)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(k, k, cin, cout)), jnp.float32)
+    ours = conv2d(x, kernel, stride, transpose)
+    theirs = lax_conv(x, kernel, stride, transpose)
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+    weights = jnp.asarray(rng.normal(size=theirs.shape), jnp.float32)
+
+    def loss(conv):
+        return lambda x, kernel: jnp.sum(weights * conv(x, kernel, stride, transpose))
+
+    ours_grads = jax.grad(loss(conv2d), (0, 1))(x, kernel)
+    for g_ours, g_theirs in zip(ours_grads, jax.grad(loss(lax_conv), (0, 1))(x, kernel), strict=True):
+        np.testing.assert_allclose(g_ours, g_theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_stride1_gradients_inside_a_scan_equal_lax():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 3, 6, 6, 2)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(3, 3, 2, 4)), jnp.float32)
+
+    def run(conv):
+        def body(kernel, images):
+            grad = jax.grad(lambda k: jnp.sum(jnp.sin(conv(images, k))))(kernel)
+            return kernel - 0.1 * grad, None
+
+        return jax.lax.scan(body, kernel, x)[0]
+
+    ours = run(lambda images, k: conv_stride1(images, k, (1, 2)))
+    theirs = run(
+        lambda images, k: jax.lax.conv_general_dilated(
+            images, k, (1, 1), [(1, 2)] * 2, dimension_numbers=NUMBERS
+        )
+    )
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_same_pads_match_lax():
+    for size in (4, 5, 8, 64):
+        for k in (1, 3, 4, 5, 7):
+            for stride in (1, 2):
+                assert same_pads(size, k, stride, False) == tuple(
+                    jax.lax.padtype_to_pads((size,), (k,), (stride,), "SAME")[0]
+                )
