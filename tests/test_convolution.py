@@ -12,14 +12,14 @@ from sb3_worldmodels.blocks.convolution import conv2d, conv_stride1, same_pads
 NUMBERS = ("NHWC", "HWIO", "NHWC")
 
 
-def lax_conv(x, kernel, stride, transpose):
+def lax_conv(x, kernel, stride, transpose, padding="SAME"):
     strides = (stride, stride)
     if transpose:
         return jax.lax.conv_transpose(x, kernel, strides, "SAME", dimension_numbers=NUMBERS)
-    return jax.lax.conv_general_dilated(x, kernel, strides, "SAME", dimension_numbers=NUMBERS)
+    return jax.lax.conv_general_dilated(x, kernel, strides, padding, dimension_numbers=NUMBERS)
 
 
-CASES = [  # (side, in, out, kernel, stride, transpose)
+CASES = [  # (side, in, out, kernel, stride, transpose[, padding])
     (8, 3, 4, 5, 1, False),
     (8, 4, 6, 5, 2, False),
     (8, 2, 3, 4, 2, False),
@@ -31,22 +31,29 @@ CASES = [  # (side, in, out, kernel, stride, transpose)
     (6, 2, 3, 3, 2, True),
     (7, 2, 3, 5, 2, False),  # odd side: jax.lax itself
     (5, 2, 3, 5, 2, True),
+    (16, 9, 4, 7, 2, False, "VALID"),  # TD-MPC2's pixel encoder: 7/2, 5/2, 3/2, 3/1
+    (13, 4, 4, 5, 2, False, "VALID"),
+    (7, 4, 4, 3, 2, False, "VALID"),
+    (6, 4, 4, 3, 1, False, "VALID"),
+    (9, 2, 3, 3, 1, False, "VALID"),
 ]
 
 
-@pytest.mark.parametrize("side,cin,cout,k,stride,transpose", CASES)
-def test_conv2d_equals_lax_values_and_gradients(side, cin, cout, k, stride, transpose):
+@pytest.mark.parametrize("case", CASES)
+def test_conv2d_equals_lax_values_and_gradients(case):
+    side, cin, cout, k, stride, transpose, *rest = case
+    padding = rest[0] if rest else "SAME"
     rng = np.random.default_rng(side * 100 + cin * 10 + k)
     x = jnp.asarray(rng.normal(size=(3, side, side, cin)), jnp.float32)
     kernel = jnp.asarray(rng.normal(size=(k, k, cin, cout)), jnp.float32)
-    ours = conv2d(x, kernel, stride, transpose)
-    theirs = lax_conv(x, kernel, stride, transpose)
+    ours = conv2d(x, kernel, stride, transpose, padding)
+    theirs = lax_conv(x, kernel, stride, transpose, padding)
     assert ours.shape == theirs.shape
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
     weights = jnp.asarray(rng.normal(size=theirs.shape), jnp.float32)
 
     def loss(conv):
-        return lambda x, kernel: jnp.sum(weights * conv(x, kernel, stride, transpose))
+        return lambda x, kernel: jnp.sum(weights * conv(x, kernel, stride, transpose, padding))
 
     ours_grads = jax.grad(loss(conv2d), (0, 1))(x, kernel)
     for g_ours, g_theirs in zip(ours_grads, jax.grad(loss(lax_conv), (0, 1))(x, kernel), strict=True):
@@ -72,6 +79,12 @@ def test_conv_stride1_gradients_inside_a_scan_equal_lax():
         )
     )
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_padding_is_refused():
+    x, kernel = jnp.zeros((1, 4, 4, 1)), jnp.zeros((3, 3, 1, 1))
+    with pytest.raises(ValueError, match="padding"):
+        conv2d(x, kernel, 2, True, "VALID")
 
 
 def test_same_pads_match_lax():

@@ -119,25 +119,43 @@ def _block_taps(k: int, stride: int, low: int, transpose: bool) -> tuple[np.ndar
     return select, (-dmin, dmax)
 
 
-def conv2d(x: Array, kernel: Array, stride: int = 1, transpose: bool = False) -> Array:
-    """SAME-padded 2-D convolution, (N, H, W, I) with (k, k, I, O) → (N, H', W', O): equal (up to
-    float rounding) to ``lax.conv_general_dilated(x, kernel, (s, s), "SAME")`` (H' = H/s) or, with
-    ``transpose``, ``lax.conv_transpose(x, kernel, (s, s), "SAME")`` (H' = s·H, kernel not flipped).
+def conv2d(x: Array, kernel: Array, stride: int = 1, transpose: bool = False, padding: str = "SAME") -> Array:
+    """2-D convolution, (N, H, W, I) with (k, k, I, O) → (N, H', W', O): equal (up to float rounding)
+    to ``lax.conv_general_dilated(x, kernel, (s, s), padding)`` (SAME: H' = ceil(H/s); VALID:
+    H' = (H − k) // s + 1) or, with ``transpose`` (SAME only), ``lax.conv_transpose(x, kernel, (s, s),
+    "SAME")`` (H' = s·H, kernel not flipped).
 
-    Strides 1 and 2 on even square sides run as one stride-1 block convolution (module docstring);
-    anything else falls back to ``jax.lax``.
+    Strides 1 and 2 of square kernels on square images run as one stride-1 block convolution (module
+    docstring): a VALID convolution of an odd side first gets a zero row and column it never reads,
+    and its output is cropped to H'. Other strides, a SAME convolution of an odd side and
+    rectangular images fall back to ``jax.lax``.
     """
     n, h, w, _ = x.shape
-    k, out = kernel.shape[0], kernel.shape[-1]
-    if h != w or h % _BLOCK or stride not in (1, _BLOCK) or kernel.shape[1] != k:
+    k = kernel.shape[0]
+    if padding not in ("SAME", "VALID") or (transpose and padding != "SAME"):
+        raise ValueError(f"conv2d: padding must be 'SAME' or (not transposed) 'VALID', got {padding!r}.")
+    valid = padding == "VALID"
+    if h != w or (h % _BLOCK and not valid) or stride not in (1, _BLOCK) or kernel.shape[1] != k:
         strides = (stride, stride)
         if transpose:
             return jax.lax.conv_transpose(x, kernel, strides, "SAME", dimension_numbers=_NUMBERS)
-        return jax.lax.conv_general_dilated(x, kernel, strides, "SAME", dimension_numbers=_NUMBERS)
+        return jax.lax.conv_general_dilated(x, kernel, strides, padding, dimension_numbers=_NUMBERS)
+    if valid:
+        size = (h - k) // stride + 1
+        if h % _BLOCK:
+            x = jnp.pad(x, ((0, 0), (0, 1), (0, 1), (0, 0)))
+        return conv2d_blocks(x, kernel, stride, False, 0)[:, :size, :size]
     low, _ = same_pads(h, k, stride, transpose)
+    return conv2d_blocks(x, kernel, stride, transpose, low)
+
+
+def conv2d_blocks(x: Array, kernel: Array, stride: int, transpose: bool, low: int) -> Array:
+    """:func:`conv2d` as a block convolution: even square sides, stride 1 or 2, ``low`` zero rows and
+    columns before the image (those after it are implied)."""
+    out = kernel.shape[-1]
     if transpose and stride == 1:  # conv_transpose at stride 1: a convolution with its padding
         transpose = False
-    select, pads = _block_taps(k, stride, low, transpose)
+    select, pads = _block_taps(kernel.shape[0], stride, low, transpose)
     offsets, in_phases, out_phases = select.shape[:3]
     s = jnp.asarray(select, kernel.dtype)
     block_kernel = jnp.einsum("aqpi,bwvj,ijco->abqwcpvo", s, s, kernel).reshape(

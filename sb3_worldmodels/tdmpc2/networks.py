@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sb3_worldmodels.blocks.convolution import conv2d
 from sb3_worldmodels.blocks.images import SHIFT_PAD, shift_images
 from sb3_worldmodels.blocks.layers import mish, simnorm
 from sb3_worldmodels.blocks.math import symlog_twohot_mean
@@ -222,7 +223,8 @@ class Conv2d(nn.Module):
 
     Params ``kernel`` (k, k, in, features) and ``bias`` (features,), both U(±1/sqrt(k·k·in))
     (:func:`torch_default_uniform`). (N, H, W, in) → (N, (H − k) // stride + 1, (W − k) // stride + 1,
-    features). Cross-correlation (no kernel flip), as PyTorch.
+    features). Cross-correlation (no kernel flip), as PyTorch; computed by
+    :func:`~sb3_worldmodels.blocks.convolution.conv2d` (also fast inside a training call's scan).
     """
 
     features: int
@@ -236,9 +238,7 @@ class Conv2d(nn.Module):
         init = torch_default_uniform(k * k * x.shape[-1])
         kernel = self.param("kernel", init, shape, jnp.float32)
         bias = self.param("bias", init, (self.features,), jnp.float32)
-        numbers = ("NHWC", "HWIO", "NHWC")
-        y = jax.lax.conv_general_dilated(x, kernel, (self.stride,) * 2, "VALID", dimension_numbers=numbers)
-        return y + bias
+        return conv2d(x, kernel, self.stride, padding="VALID") + bias
 
 
 def pixel_feature_shape(height: int = 64, width: int = 64) -> tuple[int, int]:
