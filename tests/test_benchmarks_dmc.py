@@ -16,7 +16,11 @@ import dmc_protocol  # noqa: E402
 PUBLISHED = json.loads(compare_dmc.PUBLISHED.read_text())
 
 
-@pytest.mark.parametrize("agent", ["tdmpc2", "dreamerv3"])
+@pytest.mark.parametrize(
+    "agent",
+    # DreamerV3's run compiles its update (about 50 s): a benchmark check (-m slow), like the pixel runs
+    ["tdmpc2", pytest.param("dreamerv3", marks=pytest.mark.slow)],
+)
 def test_protocol_smoke_run_records_a_comparable_curve(agent, tmp_path):
     path = dmc_protocol.main(
         ["--agent", agent, "--task", "cartpole-balance", "--smoke", "--frames", "200", "--out", str(tmp_path)]
