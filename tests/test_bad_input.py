@@ -162,8 +162,9 @@ def test_a_gymnasium_env_is_accepted_as_is():
 
 
 def test_a_replay_buffer_with_another_batch_length_is_refused(tmp_path):
-    model = build("dreamerv3")
+    model = build("dreamerv3", learning_starts=1_000)  # rows only: no update to compile
     model.learn(30)
+    assert model._n_updates == 0 and model.replay_buffer.size() > 0
     model.save_replay_buffer(tmp_path / "rb.pkl")
     other = build("dreamerv3", batch_length=DREAMER_SMOKE["batch_length"] + 2)
     with pytest.raises(ValueError, match="batch_length"):
