@@ -48,15 +48,8 @@ TASKS = {
         action_repeat=2,
         episode_length=1000,
     ),
-    "cartpole-balance-pixels": dict(
-        env="dm_control/cartpole-balance-v0",
-        steps=10_000,
-        threshold=PIXEL_THRESHOLD,
-        action_repeat=2,
-        episode_length=1000,
-        pixels=True,
-    ),
 }
+TASKS["cartpole-balance-pixels"] = {**TASKS["cartpole-balance"], "threshold": PIXEL_THRESHOLD, "pixels": True}
 CHECKPOINT_EVERY = 1_000
 RESULTS = Path(__file__).parent / "results"
 
