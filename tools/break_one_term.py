@@ -43,6 +43,7 @@ class Break:
 D_AGENT = "sb3_worldmodels/dreamerv3/agent.py"
 D_NETS = "sb3_worldmodels/dreamerv3/networks.py"
 T_AGENT = "sb3_worldmodels/tdmpc2/agent.py"
+CONV = "sb3_worldmodels/blocks/convolution.py"
 
 BREAKS = [
     # --- DreamerV3: loss scales, normaliser, stop-gradients, targets, schedule
@@ -88,6 +89,10 @@ BREAKS = [
           D_NETS, "jnp.moveaxis(x0, -4, -2).reshape(", "x0.reshape("),
     Break("dreamerv3", "image_loss_scale", "image reconstruction loss weighted 0.5",
           D_AGENT, '"rec_image": config.rec_image_scale,', '"rec_image": 0.5 * config.rec_image_scale,'),
+    Break("dreamerv3", "conv_input_grad_flip", "convolutions' input gradient with the kernel not flipped",
+          CONV, "flipped = jnp.swapaxes(kernel[::-1, ::-1], 2, 3)", "flipped = jnp.swapaxes(kernel, 2, 3)"),
+    Break("dreamerv3", "conv_block_taps", "convolutions' block kernel one input pixel off",
+          CONV, "t = stride * p + i - low\n", "t = stride * p + i - low + 1\n"),
     # --- TD-MPC2: coefficients, targets, normaliser, clip, schedule
     Break("tdmpc2", "consistency_coef", "consistency loss coefficient 20 -> 10",
           T_AGENT, "config.consistency_coef * consistency", "0.5 * config.consistency_coef * consistency"),
