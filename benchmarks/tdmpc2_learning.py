@@ -33,11 +33,10 @@ from stable_baselines3.common.logger import configure
 
 from sb3_worldmodels import TDMPC2, ActionRepeat, make_dmc_env
 from sb3_worldmodels.common.envs import use_headless_rendering
+from sb3_worldmodels.tdmpc2.config import MODEL_SIZES
 
 PIXEL_THRESHOLD = 293.0 + 0.5 * (727.0 - 293.0)
 """The pixel check's bar (see the module docstring): 510."""
-PIXEL_CHANNELS = {1: 8, 5: 32}
-"""The pixel encoder's ``num_channels`` per model size: num_channels x 16 = latent_dim."""
 
 TASKS = {
     "pendulum": dict(env="Pendulum-v1", steps=6_000, threshold=-300.0, action_repeat=1, episode_length=None),
@@ -98,7 +97,9 @@ def main() -> None:
     make_env = functools.partial(make_task_env, args.task)
 
     def make_model() -> TDMPC2:
-        pixel_encoder = {"num_channels": PIXEL_CHANNELS[args.model_size]} if task.get("pixels") else {}
+        # the pixel encoder's flattened 4 x 4 map is the latent: num_channels x 16 = latent_dim
+        latent_dim = MODEL_SIZES[args.model_size][2]
+        pixel_encoder = {"num_channels": latent_dim // 16} if task.get("pixels") else {}
         return TDMPC2(
             "CnnPolicy" if task.get("pixels") else "MlpPolicy",
             make_env(args.seed),

@@ -1,11 +1,11 @@
 """2-D convolutions on channel-last images, rearranged for XLA:CPU: the same sums as
-``jax.lax.conv_general_dilated`` / ``jax.lax.conv_transpose`` with SAME padding, several times faster
+``jax.lax.conv_general_dilated`` (SAME or VALID) / ``jax.lax.conv_transpose`` (SAME), several times faster
 on a CPU at the few channels of pixel encoders and decoders, and without XLA:CPU's slow gradients
 inside a scan loop.
 
 Two rearrangements (benchmarks/conv_speed.py measures both):
 
-* **Space to depth.** On an image whose sides are even, a stride-1 or stride-2 convolution is a
+* **Space to depth** (on a CPU). On an image whose sides are even, a stride-1 or stride-2 convolution is a
   stride-1 convolution of the image's 2x2 blocks (4x the channels) with a kernel of block offsets,
   and a stride-2 transposed convolution is a stride-1 convolution whose output channels are the
   2x2 blocks of the output. A convolution with few channels (3 to 4 at 64x64) then runs on 12 to 16,
@@ -125,17 +125,19 @@ def conv2d(x: Array, kernel: Array, stride: int = 1, transpose: bool = False, pa
     H' = (H − k) // s + 1) or, with ``transpose`` (SAME only), ``lax.conv_transpose(x, kernel, (s, s),
     "SAME")`` (H' = s·H, kernel not flipped).
 
-    Strides 1 and 2 of square kernels on square images run as one stride-1 block convolution (module
-    docstring): a VALID convolution of an odd side first gets a zero row and column it never reads,
-    and its output is cropped to H'. Other strides, a SAME convolution of an odd side and
-    rectangular images fall back to ``jax.lax``.
+    On a CPU, strides 1 and 2 of square kernels on square images run as one stride-1 block
+    convolution (module docstring): a VALID convolution of an odd side first gets a zero row and
+    column it never reads, and its output is cropped to H'. Other strides, a SAME convolution of an
+    odd side, rectangular images and other backends (whose convolution libraries are not the reason
+    for the rearrangement) use ``jax.lax``.
     """
-    n, h, w, _ = x.shape
+    _, h, w, _ = x.shape
     k = kernel.shape[0]
     if padding not in ("SAME", "VALID") or (transpose and padding != "SAME"):
         raise ValueError(f"conv2d: padding must be 'SAME' or (not transposed) 'VALID', got {padding!r}.")
     valid = padding == "VALID"
-    if h != w or (h % _BLOCK and not valid) or stride not in (1, _BLOCK) or kernel.shape[1] != k:
+    blocks_apply = h == w and (valid or h % _BLOCK == 0) and stride in (1, _BLOCK) and kernel.shape[1] == k
+    if not blocks_apply or jax.default_backend() != "cpu":
         strides = (stride, stride)
         if transpose:
             return jax.lax.conv_transpose(x, kernel, strides, "SAME", dimension_numbers=_NUMBERS)
@@ -144,12 +146,12 @@ def conv2d(x: Array, kernel: Array, stride: int = 1, transpose: bool = False, pa
         size = (h - k) // stride + 1
         if h % _BLOCK:
             x = jnp.pad(x, ((0, 0), (0, 1), (0, 1), (0, 0)))
-        return conv2d_blocks(x, kernel, stride, False, 0)[:, :size, :size]
+        return _conv2d_blocks(x, kernel, stride, False, 0)[:, :size, :size]
     low, _ = same_pads(h, k, stride, transpose)
-    return conv2d_blocks(x, kernel, stride, transpose, low)
+    return _conv2d_blocks(x, kernel, stride, transpose, low)
 
 
-def conv2d_blocks(x: Array, kernel: Array, stride: int, transpose: bool, low: int) -> Array:
+def _conv2d_blocks(x: Array, kernel: Array, stride: int, transpose: bool, low: int) -> Array:
     """:func:`conv2d` as a block convolution: even square sides, stride 1 or 2, ``low`` zero rows and
     columns before the image (those after it are implied)."""
     out = kernel.shape[-1]
@@ -158,7 +160,9 @@ def conv2d_blocks(x: Array, kernel: Array, stride: int, transpose: bool, low: in
     select, pads = _block_taps(kernel.shape[0], stride, low, transpose)
     offsets, in_phases, out_phases = select.shape[:3]
     s = jnp.asarray(select, kernel.dtype)
-    block_kernel = jnp.einsum("aqpi,bwvj,ijco->abqwcpvo", s, s, kernel).reshape(
+    # A 0/1 selection of the kernel's taps: exact at any matmul precision with HIGHEST.
+    taps = jnp.einsum("aqpi,bwvj,ijco->abqwcpvo", s, s, kernel, precision=jax.lax.Precision.HIGHEST)
+    block_kernel = taps.reshape(
         offsets, offsets, in_phases * in_phases * kernel.shape[2], out_phases * out_phases * out
     )
     y = conv_stride1(x if transpose else _space_to_depth(x), block_kernel, pads)
