@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
@@ -47,7 +48,8 @@ def test_a_balancing_controller_reaches_the_time_limit():
 
 
 def test_the_cart_off_the_track_is_told_apart_from_the_pole():
-    assert episode_end(np.array([2.41, 0.0, 0.0, 0.0]), truncated=False) == "cart"
-    assert episode_end(np.array([-2.41, 0.0, 0.25, 0.0]), truncated=False) == "cart"
-    assert episode_end(np.array([0.0, 0.0, -0.21, 0.0]), truncated=False) == "pole"
-    assert episode_end(np.array([0.0, 0.0, 0.0, 0.0]), truncated=True) == "limit"
+    cartpole = gym.make("CartPole-v1").unwrapped  # limits: |x| 2.4, |angle| 12 degrees
+    assert episode_end(np.array([2.41, 0.0, 0.0, 0.0]), cartpole) == "cart"
+    assert episode_end(np.array([-2.41, 0.0, 0.25, 0.0]), cartpole) == "cart"
+    assert episode_end(np.array([0.0, 0.0, -0.21, 0.0]), cartpole) == "pole"
+    assert episode_end(np.array([2.39, 0.0, 0.2, 0.0]), cartpole) == "limit"
