@@ -24,6 +24,9 @@ MARKERS = ("<!-- seeds-summary-table:start -->", "<!-- seeds-summary-table:end -
 CHECKS = {
     ("tdmpc2", "pendulum"): "TD-MPC2 Pendulum-v1, size 1, 6,000 steps (final evaluation)",
     ("tdmpc2", "cartpole-balance"): "TD-MPC2 cartpole-balance, size 1, 10,000 steps (final evaluation)",
+    ("tdmpc2", "cartpole-balance-pixels"): (
+        "TD-MPC2 cartpole-balance from 64 x 64 pixels, size 1, 10,000 steps (final evaluation)"
+    ),
     ("dreamerv3", "pendulum"): 'DreamerV3 Pendulum-v1, "1m", 20,000 rows (final evaluation)',
     ("dreamerv3", "cartpole"): 'DreamerV3 CartPole-v1, "1m", 24,000 rows (mean of evaluations 12K-24K)',
 }
