@@ -62,11 +62,9 @@ _JITTED = [
     "categorical_kl",
     "categorical_entropy",
     "categorical_log_prob",
-    "straight_through_onehot",
     "onehot_mode",
     "normal_log_prob",
     "normal_entropy",
-    "normal_sample",
     "bernoulli_log_prob",
     "symlog_mse_log_prob",
     "running_scale_apply",
@@ -427,20 +425,7 @@ def test_discrete_actor_head_matches_fixture(classes: int) -> None:
     np.testing.assert_allclose(out["maxent"], f[c + "maxent"], rtol=1e-6)
 
 
-def test_straight_through_onehot() -> None:
-    logits = np.log(f32([0.1, 0.2, 0.3, 0.4]))
-    samples = np.asarray(J.straight_through_onehot(key(0), np.broadcast_to(logits, (4000, 4))))
-    assert set(np.unique(samples).tolist()) == {0.0, 1.0}
-    np.testing.assert_array_equal(samples.sum(-1), 1.0)
-    np.testing.assert_allclose(samples.mean(0), [0.1, 0.2, 0.3, 0.4], atol=0.03)
-    # The gradient is that of the probabilities.
-    w = f32([1.0, -2.0, 0.5, 3.0])
-    grad = np.asarray(
-        jax.jit(jax.grad(lambda lg: jnp.sum(w * B.straight_through_onehot(key(1), lg))))(logits)
-    )
-    p = softmax(logits.astype(np.float64))
-    expected = p * (w - np.sum(w * p))  # gradient of Σ w·softmax
-    np.testing.assert_allclose(grad, expected, rtol=1e-6, atol=1e-7)
+def test_onehot_mode() -> None:
     np.testing.assert_array_equal(J.onehot_mode(f32([[0.0, 3.0, 1.0]])), [[0.0, 1.0, 0.0]])
 
 
@@ -476,9 +461,6 @@ def test_normal_closed_forms() -> None:
     std = f32([0.5, 2.0])
     at_mean = -np.sum(np.log([0.5, 2.0]) + 0.5 * np.log(2 * np.pi))
     np.testing.assert_allclose(J.normal_log_prob(mean, std, mean), at_mean, rtol=1e-6)
-    x = J.normal_sample(key(0), np.broadcast_to(mean, (20000, 2)), std)
-    np.testing.assert_allclose(np.mean(x, 0), mean, atol=0.05)
-    np.testing.assert_allclose(np.std(x, 0), std, rtol=0.03)
 
 
 def test_bernoulli_and_symlog_mse_match_fixture() -> None:

@@ -28,9 +28,7 @@ __all__ = [
     "normal_entropy",
     "normal_head",
     "normal_log_prob",
-    "normal_sample",
     "onehot_mode",
-    "straight_through_onehot",
     "symlog_mse_log_prob",
     "unimix_logits",
 ]
@@ -100,26 +98,6 @@ def categorical_log_prob(logits: ArrayLike, onehot: ArrayLike) -> Array:
     return jnp.sum(jnp.asarray(onehot, jnp.float32) * logp, axis=-1)
 
 
-def straight_through_onehot(key: Array, logits: ArrayLike) -> Array:
-    """Sample a one-hot with straight-through gradients: onehot + (p − sg(p)) (jaxutils.py:112-116@2411f7d).
-
-    The forward value is exactly the sampled one-hot (the bracket is exactly 0); the gradient
-    w.r.t. the logits is that of the probabilities p = softmax(logits).
-
-    Args:
-        key: PRNG key.
-        logits: (..., C) float32.
-
-    Returns:
-        (..., C) float32.
-    """
-    logits = jnp.asarray(logits, jnp.float32)
-    index = jax.random.categorical(key, logits, axis=-1)
-    onehot = jax.nn.one_hot(index, logits.shape[-1], dtype=jnp.float32)
-    probs = jax.nn.softmax(logits, axis=-1)
-    return onehot + (probs - jax.lax.stop_gradient(probs))
-
-
 def onehot_mode(logits: ArrayLike) -> Array:
     """One-hot of argmax(logits) (no gradient); (..., C) → (..., C) float32."""
     logits = jnp.asarray(logits)
@@ -160,12 +138,6 @@ def normal_entropy(std: ArrayLike) -> Array:
     """Σ_last [½ + ½ log 2π + log σ]; (..., A) → (...)."""
     std = jnp.asarray(std, jnp.float32)
     return jnp.sum(0.5 + HALF_LOG_2PI + jnp.log(std), axis=-1)
-
-
-def normal_sample(key: Array, mean: ArrayLike, std: ArrayLike) -> Array:
-    """Reparameterised sample μ + σ·ε, ε ~ N(0, 1); (..., A) → (..., A). Not squashed."""
-    mean = jnp.asarray(mean, jnp.float32)
-    return mean + jnp.asarray(std, jnp.float32) * jax.random.normal(key, mean.shape, jnp.float32)
 
 
 # --------------------------------------------------------------------------------------------

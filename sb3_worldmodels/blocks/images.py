@@ -61,8 +61,3 @@ def random_shifts(key: Array, batch_shape: tuple[int, ...], pad: int = SHIFT_PAD
     axis (``torch.randint(0, 2 * pad + 1, size=(n, 1, 1, 2))``, layers.py:56@eece801; another
     random stream)."""
     return jax.random.randint(key, (*batch_shape, 2), 0, 2 * pad + 1, jnp.int32)
-
-
-def random_shift(key: Array, images: Array, pad: int = SHIFT_PAD) -> Array:
-    """:func:`shift_images` with offsets from :func:`random_shifts`: (..., H, W, C) → (..., H, W, C)."""
-    return shift_images(images, random_shifts(key, images.shape[:-3], pad), pad)
