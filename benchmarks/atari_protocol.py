@@ -20,7 +20,7 @@ no autostart, max-pooling of the last 2 frames (the class default, ``atari.py:20
 ``pooling`` key), Pillow resizing, episodes cut at 100,000 frames. ``sticky: False`` is the block's
 setting; the reference's Atari class sets ALE's ``repeat_action_probability`` after ``loadROM``
 (``atari.py:51-59``), too late for the ALE to use it, so if the published runs ran that code they
-had sticky actions (0.25) anyway (see ``sb3_worldmodels/common/atari.py``); ``--sticky`` runs that.
+had sticky actions (0.25) anyway (see ``sb3_worldmodels/envs/atari.py``); ``--sticky`` runs that.
 The config as shipped names ``task: atari_pong`` (``configs.yaml:213``), which ``main.py:166,192``
 would build with ``env.atari`` (64 x 64 gray, sticky, 108,000 frames); the episode lengths above say
 the published runs did not; later reference code names ``atari100k_pong``.
@@ -47,8 +47,8 @@ from evaluation import TrainEpisodes, run_record
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_worldmodels import DreamerV3, make_dreamer_atari_env
-from sb3_worldmodels.common.atari import atari_game_id
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS
+from sb3_worldmodels.envs.atari import atari_game_id
 
 ACTION_REPEAT = 4
 PROTOCOL: dict[str, Any] = dict(

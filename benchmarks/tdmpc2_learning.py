@@ -32,7 +32,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import configure
 
 from sb3_worldmodels import TDMPC2, ActionRepeat, make_dmc_env
-from sb3_worldmodels.common.envs import use_headless_rendering
+from sb3_worldmodels.envs.dmc import use_headless_rendering
 from sb3_worldmodels.tdmpc2.config import MODEL_SIZES
 
 PIXEL_THRESHOLD = 293.0 + 0.5 * (727.0 - 293.0)

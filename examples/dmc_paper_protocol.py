@@ -15,8 +15,8 @@ import argparse
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_worldmodels import TDMPC2, DreamerV3, make_dmc_env
-from sb3_worldmodels.common.envs import dmc_env_id
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMERV3_SMOKE
+from sb3_worldmodels.envs.dmc import dmc_env_id
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 
 

@@ -1,10 +1,15 @@
 """World-model reinforcement learning (DreamerV3, TD-MPC2) as drop-in Stable-Baselines3 algorithms."""
 
-from sb3_worldmodels.common.atari import make_dreamer_atari_env
 from sb3_worldmodels.common.callbacks import WorldModelCallback
-from sb3_worldmodels.common.crafter import crafter_score, make_crafter_env
-from sb3_worldmodels.common.envs import ActionRepeat, FlattenDictObservation, make_dmc_env
 from sb3_worldmodels.dreamerv3 import DreamerV3, DreamerV3Config
+from sb3_worldmodels.envs import (
+    ActionRepeat,
+    FlattenDictObservation,
+    crafter_score,
+    make_crafter_env,
+    make_dmc_env,
+    make_dreamer_atari_env,
+)
 from sb3_worldmodels.tdmpc2 import (
     TDMPC2,
     MultiTaskEvalCallback,

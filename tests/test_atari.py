@@ -1,4 +1,4 @@
-"""Atari with the DreamerV3 reference's settings (``sb3_worldmodels.common.atari``), against raw ALE.
+"""Atari with the DreamerV3 reference's settings (``sb3_worldmodels.envs.atari``), against raw ALE.
 
 The raw env is ale-py's own Gymnasium env at frame skip 1 without sticky actions and with all 18
 actions; one step of ours must be 4 of its frames, the last two max-pooled, resized with Pillow's
@@ -17,7 +17,7 @@ from PIL import Image
 ale_py = pytest.importorskip("ale_py")
 gym.register_envs(ale_py)
 
-from sb3_worldmodels.common.atari import GRAY_WEIGHTS, make_dreamer_atari_env  # noqa: E402
+from sb3_worldmodels.envs.atari import GRAY_WEIGHTS, make_dreamer_atari_env  # noqa: E402
 
 FIRE = 1
 

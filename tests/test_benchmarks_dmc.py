@@ -117,7 +117,7 @@ def test_published_dreamerv3_tables_cover_the_reference_tasks():
 
 
 def test_published_env_ids_are_registered_dm_control_ids():
-    from sb3_worldmodels.common.envs import dmc_env_id
+    from sb3_worldmodels.envs.dmc import dmc_env_id
 
     for name in ("tdmpc2", "dreamerv3", "tdmpc2_pixels", "dreamerv3_pixels"):
         for task, entry in PUBLISHED[name]["tasks"].items():

@@ -21,11 +21,11 @@ from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_worldmodels import TDMPC2, ActionRepeat, DreamerV3, make_dmc_env
 from sb3_worldmodels.blocks.jit import agent_jit
-from sb3_worldmodels.common.envs import agent_steps_per_episode
 from sb3_worldmodels.dreamerv3 import agent as dreamer_core
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE
 from sb3_worldmodels.dreamerv3.config import preset as dreamer_preset
 from sb3_worldmodels.dreamerv3.reference_weights import params_from_reference, path_to_ref, ref_to_path
+from sb3_worldmodels.envs.wrappers import agent_steps_per_episode
 from sb3_worldmodels.tdmpc2 import agent as tdmpc2_core
 from sb3_worldmodels.tdmpc2.agent import act_jit, train_many_jit
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE

@@ -1,4 +1,4 @@
-"""Crafter with the DreamerV3 reference's settings (``sb3_worldmodels.common.crafter``).
+"""Crafter with the DreamerV3 reference's settings (``sb3_worldmodels.envs.crafter``).
 
 crafter generates each world in pure Python (about 1-2 s a reset at its default 64 x 64 tile area
 without numba), so most tests here use a 32 x 32 tile world (``area``, passed to ``crafter.Env``),
@@ -16,7 +16,7 @@ import pytest
 
 crafter = pytest.importorskip("crafter")
 
-from sb3_worldmodels.common.crafter import (  # noqa: E402
+from sb3_worldmodels.envs.crafter import (  # noqa: E402
     CrafterEnv,
     crafter_score,
     crafter_success_rates,

@@ -12,7 +12,7 @@ import pytest
 
 from sb3_worldmodels import TDMPC2, ActionRepeat, FlattenDictObservation, make_dmc_env
 from sb3_worldmodels.common.boundary import ObservationAdapter
-from sb3_worldmodels.common.envs import dmc_env_id
+from sb3_worldmodels.envs.dmc import dmc_env_id
 from tests.probe_envs import ChainEnv, DictObsEnv
 
 

@@ -220,7 +220,7 @@ def _learnable_params(model) -> int:
 def _build_tdmpc2(task: str, size: int, ctor: str):
     if ctor == "id":
         return TDMPC2(f"dm_control/{task}-v0", action_repeat=2, model_size=size)
-    from sb3_worldmodels.common.envs import make_dmc_env
+    from sb3_worldmodels.envs.dmc import make_dmc_env
 
     return TDMPC2(make_dmc_env(task), model_size=size)
 

@@ -1,7 +1,12 @@
 """The package's layering, read from every module's import statements (nothing is imported).
 
 - ``blocks`` (math, layers, optimisers) imports nothing else of the package;
-- ``common`` (the SB3 shell) knows no agent and not the zoo;
+- ``envs`` (environment families and wrappers) imports nothing else of the package;
+- ``common`` (the SB3 shell) knows no agent, no offline data and not the zoo; of ``envs`` it uses
+  only the family-agnostic parts (wrappers, id registration), except the modules that keep the old
+  import paths of the env families for users (``common/envs.py``, ``atari.py``, ``crafter.py``);
+- ``data`` (offline episodes and task pools) knows no agent, no env and not the zoo; of ``common``
+  it uses only the pickle-free file formats (``safe_io``);
 - the agents never import each other, and each agent's config, networks and pure core import
   nothing from ``common``;
 - only the zoo imports the zoo.
@@ -17,6 +22,13 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "sb3_worldmodels"
 AGENTS = ("dreamerv3", "tdmpc2")
 PURE_MODULES = ("config", "networks", "agent")
+ENVS_FOR_THE_SHELL = ("sb3_worldmodels.envs.wrappers", "sb3_worldmodels.envs.registration")
+OLD_ENV_PATHS = (
+    "sb3_worldmodels.common.envs",
+    "sb3_worldmodels.common.atari",
+    "sb3_worldmodels.common.crafter",
+)
+DATA_USES_OF_COMMON = ("sb3_worldmodels.common.safe_io",)
 
 
 def module_name(path: Path) -> str:
@@ -52,6 +64,11 @@ def layer(name: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+def within(target: str, modules: tuple[str, ...]) -> bool:
+    """Whether ``target`` is one of ``modules`` or a name inside one."""
+    return any(target == module or target.startswith(f"{module}.") for module in modules)
+
+
 def violations(path: Path) -> list[str]:
     name = module_name(path)
     own = layer(name)
@@ -60,10 +77,21 @@ def violations(path: Path) -> list[str]:
         other = layer(target)
         if other in ("", own):
             continue
-        if own == "blocks":
-            found.append(f"blocks imports {target}")
-        if own == "common" and other in (*AGENTS, "zoo"):
+        if own in ("blocks", "envs"):
+            found.append(f"{own} imports {target}")
+        if own == "common" and other in (*AGENTS, "zoo", "data"):
             found.append(f"common imports {target}")
+        if (
+            own == "common"
+            and other == "envs"
+            and name not in OLD_ENV_PATHS
+            and not within(target, ENVS_FOR_THE_SHELL)
+        ):
+            found.append(f"common imports an env family ({target})")
+        if own == "data" and other in (*AGENTS, "zoo", "envs"):
+            found.append(f"data imports {target}")
+        if own == "data" and other == "common" and not within(target, DATA_USES_OF_COMMON):
+            found.append(f"data imports the shell ({target})")
         if own in AGENTS and other in AGENTS:
             found.append(f"{own} imports the other agent ({target})")
         if own in AGENTS and name.rpartition(".")[2] in PURE_MODULES and other == "common":
@@ -89,4 +117,35 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
         "(sb3_worldmodels.common.base.WorldModelAlgorithm)",
         "tdmpc2 imports the other agent (sb3_worldmodels.dreamerv3)",
         "tdmpc2 imports the other agent (sb3_worldmodels.dreamerv3.agent)",
+    ]
+
+
+def test_the_checker_sees_the_shell_reach_for_an_env_family_or_data(monkeypatch):
+    """The shell may use the generic wrappers, not a family or the offline data; data may use the
+    file formats, not the shell's other modules or an agent."""
+    text = (
+        "from sb3_worldmodels.envs.wrappers import ActionRepeat\n"
+        "from sb3_worldmodels.envs import dmc\n"
+        "from sb3_worldmodels.data.pool import TaskPool\n"
+    )
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text)
+    assert violations(PACKAGE / "common" / "base.py") == [
+        "common imports sb3_worldmodels.data.pool",
+        "common imports sb3_worldmodels.data.pool.TaskPool",
+        "common imports an env family (sb3_worldmodels.envs)",
+        "common imports an env family (sb3_worldmodels.envs.dmc)",
+    ]
+    assert violations(PACKAGE / "common" / "envs.py") == [
+        "common imports sb3_worldmodels.data.pool",
+        "common imports sb3_worldmodels.data.pool.TaskPool",
+    ]
+    text = (
+        "from sb3_worldmodels.common.safe_io import load_tensordict\n"
+        "from sb3_worldmodels.common.base import WorldModelAlgorithm\n"
+        "import sb3_worldmodels.tdmpc2.config\n"
+    )
+    assert violations(PACKAGE / "data" / "pool.py") == [
+        "data imports the shell (sb3_worldmodels.common.base)",
+        "data imports the shell (sb3_worldmodels.common.base.WorldModelAlgorithm)",
+        "data imports sb3_worldmodels.tdmpc2.config",
     ]

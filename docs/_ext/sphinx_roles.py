@@ -1,7 +1,7 @@
 """A griffe extension for the docs build: Sphinx roles in docstrings as Markdown code.
 
 The package's docstrings are Sphinx-style (``:param x:``, parsed by mkdocstrings' ``sphinx`` style),
-and some name objects with roles such as ``:class:`~sb3_worldmodels.common.envs.ActionRepeat```,
+and some name objects with roles such as ``:class:`~sb3_worldmodels.envs.wrappers.ActionRepeat```,
 which Markdown would show verbatim. This extension rewrites each role into a code span: the last
 component when the target starts with ``~`` (Sphinx's meaning), else the whole target.
 """

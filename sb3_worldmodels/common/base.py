@@ -55,10 +55,12 @@ from sb3_worldmodels.common.boundary import (
     observation_rows,
 )
 from sb3_worldmodels.common.callbacks import WorldModelCallback
-from sb3_worldmodels.common.envs import ActionRepeat, register_dm_control, vec_env_from_gymnasium
 from sb3_worldmodels.common.policy import JaxPolicy
 from sb3_worldmodels.common.replay import check_replay_memory
 from sb3_worldmodels.common.replay_state import replay_from_state
+from sb3_worldmodels.common.vec_env import vec_env_from_gymnasium
+from sb3_worldmodels.envs.registration import register_namespace
+from sb3_worldmodels.envs.wrappers import ActionRepeat
 
 DETERMINISTIC_PREDICT_SEED = 0  # the base key of deterministic predicts (folded with each row's inputs)
 FORMAT_VERSION = 2  # 2: attributes as JSON (safe_io); 1: attributes pickled by SB3
@@ -163,8 +165,7 @@ def _is_env_id(value: Any) -> bool:
         return False
     if value in ("MlpPolicy", "MultiInputPolicy", "CnnPolicy"):
         return False
-    if value.startswith("dm_control/"):
-        register_dm_control()
+    register_namespace(value)
     return value in gym.registry or ":" in value
 
 

@@ -84,7 +84,7 @@ class DreamerV3(WorldModelAlgorithm):
         no update before them (0 in the reference, which has no such phase; its ``train_fill`` only
         delays training: pass ``train_fill``).
     :param action_repeat: simulator steps per agent step: an env built from an id is wrapped in
-        :class:`~sb3_worldmodels.common.envs.ActionRepeat`; a given env must repeat itself. The frame
+        :class:`~sb3_worldmodels.envs.wrappers.ActionRepeat`; a given env must repeat itself. The frame
         counter ``rollout/env_frames`` is rows * action_repeat.
     """
 

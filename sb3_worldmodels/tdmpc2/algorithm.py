@@ -19,8 +19,8 @@ from sb3_worldmodels.common.base import (
     take_sb3_alias,
 )
 from sb3_worldmodels.common.boundary import AgentObservation
-from sb3_worldmodels.common.envs import vec_agent_steps_per_episode
 from sb3_worldmodels.common.episode_replay import EpisodeReplay
+from sb3_worldmodels.common.vec_env import vec_agent_steps_per_episode
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks
 from sb3_worldmodels.tdmpc2.config import (
@@ -67,7 +67,7 @@ class TDMPC2(WorldModelAlgorithm):
     images (the pixel encoder of the later upstream code, @eece801).
 
     ``TDMPC2("Pendulum-v1")`` builds ``n_envs`` (1) Monitor-wrapped copies of the env (wrapped in
-    :class:`~sb3_worldmodels.common.envs.ActionRepeat` when ``action_repeat`` > 1);
+    :class:`~sb3_worldmodels.envs.wrappers.ActionRepeat` when ``action_repeat`` > 1);
     ``TDMPC2("MlpPolicy", vec_env)`` keeps the VecEnv's own count. ``num_timesteps`` counts agent
     steps (one per env per vector step).
 
@@ -253,7 +253,7 @@ class TDMPC2(WorldModelAlgorithm):
     @property
     def agent_episode_length(self) -> int | None:
         """Agent steps per episode: ``episode_length // action_repeat`` when given, else what the env
-        says (:func:`~sb3_worldmodels.common.envs.agent_steps_per_episode`), else None."""
+        says (:func:`~sb3_worldmodels.envs.wrappers.agent_steps_per_episode`), else None."""
         if self.episode_length is not None:
             return max(1, int(self.episode_length) // max(1, int(self.action_repeat)))
         if self.env is None:
