@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gymnasium import spaces
 
 from sb3_worldmodels.common.episode_replay import EpisodeReplay
+from sb3_worldmodels.data.pool import TaskPool
 
 FIELDS = {"obs": ((2,), np.float32), "action": ((1,), np.float32), "reward": ((), np.float32)}
 
@@ -83,3 +86,28 @@ def test_too_small_capacity_is_refused_with_the_fix():
     replay = make(capacity=10, window=4)
     with pytest.raises(ValueError, match="does not fit"):
         add_episode(replay, 0, 0, 12)
+
+
+def test_the_task_pool_draws_the_same_windows_from_the_same_generator():
+    """The online replay and the offline pool share one window sampler: on the same episodes and
+    generator state they draw the same windows (a pool made from an agent's replay trains on what the
+    replay would have given)."""
+    replay = make(window=4)
+    lengths = {1: 10, 2: 6, 3: 4}
+    for episode_id, steps in lengths.items():
+        add_episode(replay, 0, episode_id, steps)
+    entries = [np.array([[i, k] for k in range(steps + 1)], np.float32) for i, steps in lengths.items()]
+    obs = np.concatenate(entries)
+    episode_starts = np.concatenate([[0], np.cumsum([len(e) for e in entries])]).astype(np.int64)
+    pool = TaskPool(
+        path=Path("."), tasks=("task",), obs_dims=(2,), action_dims=(1,), episode_lengths=(10,),
+        obs_dim=2, action_dim=1, obs=obs, action=obs[:, 1:], reward=10.0 * obs[:, 1],
+        task=np.zeros(len(obs), np.int16), episode_starts=episode_starts,
+        episode_tasks=np.zeros(len(lengths), np.int32),
+    )  # fmt: skip
+    pool_rng = np.random.default_rng(replay.seed)  # the replay's generator, unused so far
+    for _ in range(3):  # and they stay in step
+        from_replay, from_pool = replay.sample(64), pool.sample(pool_rng, 64, horizon=3)
+        np.testing.assert_array_equal(from_pool["obs"], from_replay["obs"])
+        np.testing.assert_array_equal(from_pool["reward"], from_replay["reward"][1:])
+    assert len(np.unique(from_pool["obs"][0, :, 0])) == 3  # every episode drawn

@@ -30,10 +30,11 @@ import numpy as np
 import pytest
 
 from sb3_worldmodels import TDMPC2, DreamerV3
+from sb3_worldmodels.blocks.episodes import discount_from_episode_length
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config
 from sb3_worldmodels.dreamerv3.config import preset as dv3_preset
 from sb3_worldmodels.tdmpc2 import agent as tdmpc2_core
-from sb3_worldmodels.tdmpc2.config import TDMPC2Config, discount_from_episode_length
+from sb3_worldmodels.tdmpc2.config import TDMPC2Config
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
 

@@ -14,8 +14,9 @@ from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_worldmodels import TDMPC2, TaskPool, export_episodes, load_pool, pool_tasks
-from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS, discount_from_episode_length
-from sb3_worldmodels.tdmpc2.dataset import pool_reference_data, read_reference_chunk
+from sb3_worldmodels.blocks.episodes import discount_from_episode_length
+from sb3_worldmodels.data.reference import pool_reference_data, read_reference_chunk
+from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS
 
 HORIZON = 3  # TDMPC2's default: windows of 4 entries
 LENGTHS = (6, 9, 12)  # CountingEnv's episode lengths, in turn

@@ -12,9 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sb3_worldmodels.blocks.episodes import discount_from_episode_length
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks as N
-from sb3_worldmodels.tdmpc2.config import discount_from_episode_length, preset
+from sb3_worldmodels.tdmpc2.config import preset
 from sb3_worldmodels.tdmpc2.reference_weights import params_from_state_dict
 from tests.parity_helpers import (  # noqa: F401 (highest_precision: a fixture)
     close,

@@ -20,10 +20,10 @@ from stable_baselines3.common.monitor import Monitor
 
 from sb3_worldmodels import TDMPC2
 from sb3_worldmodels.blocks.images import SHIFT_PAD, shift_images
+from sb3_worldmodels.data.episodes import export_episodes
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks as N
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS, preset
-from sb3_worldmodels.tdmpc2.dataset import export_episodes
 
 LENGTH = 20  # agent steps per episode
 PIXELS = {**SMOKE_SETTINGS, "latent_dim": 64, "num_channels": 4}  # 4 x 4 x 4 = 64; SimNorm groups of 8

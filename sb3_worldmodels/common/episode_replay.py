@@ -7,7 +7,8 @@ reward of step k (and its termination flag). Episodes enter the replay only when
 
 A sampled item is a window of ``window`` = H + 1 consecutive entries of one stored episode:
 ``obs`` (H+1, B, O) time-major, and the H actions, rewards and flags that connect them. An episode
-is drawn uniformly, then a start uniformly among its valid ones: 0 .. L − H − 1 in the reference
+is drawn uniformly, then a start uniformly among its valid ones (the task pool's sampler too,
+:func:`~sb3_worldmodels.blocks.episodes.sample_windows`): 0 .. L − H − 1 in the reference
 (its crop never draws the window that ends on the final entry, buffer.py:60-70@b67b21c), or
 0 .. L − H with ``include_last_window`` (the later SliceSampler, needed for terminations:
 buffer.py:102-106@7ec6bc8). Episodes with no valid start are not stored.
@@ -27,6 +28,7 @@ import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 
+from sb3_worldmodels.blocks.episodes import sample_windows, window_start_counts
 from sb3_worldmodels.common.replay import FieldSpec, _normalize_fields, fields_to_meta, read_fields, row_bytes
 
 
@@ -93,7 +95,7 @@ class EpisodeReplay(ReplayBuffer):
     @property
     def num_windows(self) -> int:
         """Windows that can be sampled now."""
-        return int(sum(self._valid_starts(length) for _, length in self._episodes))
+        return int(self._start_counts(self._episode_table()).sum())
 
     @property
     def nbytes(self) -> int:
@@ -102,8 +104,12 @@ class EpisodeReplay(ReplayBuffer):
     def size(self) -> int:
         return self._stored_steps
 
-    def _valid_starts(self, steps: int) -> int:
-        return max(0, steps + 1 - self.window + (1 if self.include_last_window else 0))
+    def _episode_table(self) -> np.ndarray:
+        """(n, 2) int64: each stored episode's absolute first entry and its steps, oldest first."""
+        return np.asarray(list(self._episodes), np.int64).reshape(-1, 2)
+
+    def _start_counts(self, table: np.ndarray) -> np.ndarray:
+        return window_start_counts(table[:, 1] + 1, self.window, self.include_last_window)
 
     def bytes_to_reserve(self, capacity_steps: int) -> int:
         """Bytes the entry ring holds once ``capacity_steps`` steps are stored (it is allocated whole)."""
@@ -263,12 +269,9 @@ class EpisodeReplay(ReplayBuffer):
         if not self._episodes:
             raise ValueError("The replay holds no finished episode with a full window yet.")
         k = 1 if count is None else int(count)
-        firsts = np.fromiter((f for f, _ in self._episodes), np.int64, len(self._episodes))
-        starts_per = np.fromiter(
-            (self._valid_starts(s) for _, s in self._episodes), np.int64, len(self._episodes)
-        )
-        ep = self.rng.integers(0, len(firsts), size=(k, batch_size))
-        start = firsts[ep] + (self.rng.random((k, batch_size)) * starts_per[ep]).astype(np.int64)
-        idx = (start[:, None, :] + np.arange(self.window)[None, :, None]) % self._slots  # (k, W, B)
+        table = self._episode_table()
+        counts = self._start_counts(table)
+        _, rows = sample_windows(self.rng, table[:, 0], counts, self.window, (k, batch_size))
+        idx = rows % self._slots  # (k, W, B)
         out = {name: arr[idx] for name, arr in self._data.items()}  # type: ignore[union-attr]
         return out if count is not None else {name: v[0] for name, v in out.items()}

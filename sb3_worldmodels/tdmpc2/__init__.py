@@ -1,8 +1,6 @@
 """TD-MPC2 (nicklashansen/tdmpc2 @b67b21c): config, networks, pure core, SB3 class."""
 
-from sb3_worldmodels.tdmpc2.algorithm import TDMPC2
-from sb3_worldmodels.tdmpc2.config import MODEL_SIZES, TDMPC2Config, preset
-from sb3_worldmodels.tdmpc2.dataset import (
+from sb3_worldmodels.data import (
     TaskPool,
     export_episodes,
     load_pool,
@@ -10,6 +8,8 @@ from sb3_worldmodels.tdmpc2.dataset import (
     pool_tasks,
     read_reference_chunk,
 )
+from sb3_worldmodels.tdmpc2.algorithm import TDMPC2
+from sb3_worldmodels.tdmpc2.config import MODEL_SIZES, TDMPC2Config, preset
 from sb3_worldmodels.tdmpc2.multitask import MultiTaskEvalCallback, TDMPC2MultiTask
 
 __all__ = [

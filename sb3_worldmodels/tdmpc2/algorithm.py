@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sb3_worldmodels.blocks.episodes import discount_from_episode_length
 from sb3_worldmodels.common.base import (
     WorldModelAlgorithm,
     pad_rows,
@@ -23,12 +24,7 @@ from sb3_worldmodels.common.episode_replay import EpisodeReplay
 from sb3_worldmodels.common.vec_env import vec_agent_steps_per_episode
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks
-from sb3_worldmodels.tdmpc2.config import (
-    TDMPC2Config,
-    discount_from_episode_length,
-    planner_iterations,
-    preset,
-)
+from sb3_worldmodels.tdmpc2.config import TDMPC2Config, planner_iterations, preset
 
 if TYPE_CHECKING:
     from sb3_worldmodels.tdmpc2.multitask import TDMPC2MultiTask

@@ -19,6 +19,7 @@ from sb3_worldmodels.blocks.checks import (
     UNIT_OPEN,
     check_fields,
 )
+from sb3_worldmodels.blocks.episodes import discount_from_episode_length
 from sb3_worldmodels.blocks.jit import check_matmul_precision
 
 # size -> (enc_dim, mlp_dim, latent_dim, num_enc_layers, num_q); common/__init__.py:1-23.
@@ -220,14 +221,6 @@ class TDMPC2Config:
 
     def replace(self, **changes) -> TDMPC2Config:
         return dataclasses.replace(self, **changes)
-
-
-def discount_from_episode_length(
-    episode_length: int, denom: float = 5.0, lo: float = 0.95, hi: float = 0.995
-) -> float:
-    """The reference's discount heuristic (tdmpc2.py:35-48): clip((T/5 - 1)/(T/5), 0.95, 0.995)."""
-    frac = episode_length / denom
-    return float(min(max((frac - 1) / frac, lo), hi))
 
 
 def planner_iterations(iterations: int, action_dim: int) -> int:

@@ -26,10 +26,10 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import configure_logger
 
 from sb3_worldmodels.common import safe_io
+from sb3_worldmodels.data.pool import TaskPool, load_pool
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks
 from sb3_worldmodels.tdmpc2.config import TDMPC2Config, preset
-from sb3_worldmodels.tdmpc2.dataset import TaskPool, load_pool
 
 _DMC_TASKS = (
     "walker-stand", "walker-walk", "walker-run", "cheetah-run", "reacher-easy", "reacher-hard",
@@ -142,7 +142,7 @@ class MultiTaskEvalCallback(BaseCallback):
 class TDMPC2MultiTask:
     """One TD-MPC2 model for the tasks of a pool, trained offline.
 
-    :param data: a :class:`~sb3_worldmodels.tdmpc2.dataset.TaskPool` or the path of one; its tasks,
+    :param data: a :class:`~sb3_worldmodels.data.pool.TaskPool` or the path of one; its tasks,
         their observation/action widths and episode lengths set the model (None only when loading).
     :param model_size: 1, 5, 19, 48 or 317 (the reference's sizes).
     :param batch_size: windows per update (the reference's default 256; its multi-task examples 1024).
