@@ -589,7 +589,7 @@ def test_balance_stats_closed_form() -> None:
 
 
 def test_split_statistics_aggregate_over_updates_that_have_the_class() -> None:
-    from sb3_worldmodels.common.base import _aggregate
+    from sb3_worldmodels.common.training import aggregate_metric as _aggregate
 
     values = np.array([1.0, np.nan, 3.0])
     assert _aggregate("constats/neg_loss", values) == 2.0

@@ -1,7 +1,7 @@
 """Every public name users import keeps importing from where it was, as the same object as at its
 home (the environments moved to ``sb3_worldmodels.envs``, the offline data to
-``sb3_worldmodels.data``, the discount heuristic to ``sb3_worldmodels.blocks.episodes``; the old
-modules re-export them)."""
+``sb3_worldmodels.data``, the discount heuristic to ``sb3_worldmodels.blocks.episodes``, the shell's
+helpers out of ``common/base.py`` into one module per job; the old modules re-export them)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,25 @@ MOVED = {
         "read_reference_chunk": "sb3_worldmodels.data.reference",
     },
     "sb3_worldmodels.tdmpc2.config": {"discount_from_episode_length": "sb3_worldmodels.blocks.episodes"},
+    "sb3_worldmodels.common.base": {
+        "BaseAlgorithm": "stable_baselines3.common.base_class",
+        "DETERMINISTIC_PREDICT_SEED": "sb3_worldmodels.common.predict",
+        "FOREIGN_KEYWORDS": "sb3_worldmodels.common.sb3_keywords",
+        "FORMAT_VERSION": "sb3_worldmodels.common.checkpoints",
+        "NonFiniteActionError": "sb3_worldmodels.common.boundary",
+        "NonFiniteUpdateError": "sb3_worldmodels.common.training",
+        "STATE_FIX": "sb3_worldmodels.common.predict",
+        "pad_rows": "sb3_worldmodels.common.predict",
+        "padded_rows": "sb3_worldmodels.common.predict",
+        "refuse_foreign_keywords": "sb3_worldmodels.common.sb3_keywords",
+        "refuse_non_finite_actions": "sb3_worldmodels.common.boundary",
+        "row_digests": "sb3_worldmodels.common.predict",
+        "take_sb3_alias": "sb3_worldmodels.common.sb3_keywords",
+    },
+    "sb3_worldmodels.common.policy": {
+        "flatten_state": "sb3_worldmodels.common.checkpoints",
+        "restore_state": "sb3_worldmodels.common.checkpoints",
+    },
     "sb3_worldmodels.tdmpc2": {
         "TaskPool": "sb3_worldmodels.data.pool",
         "export_episodes": "sb3_worldmodels.data.episodes",
@@ -83,7 +102,8 @@ def test_the_old_modules_keep_every_public_name_they_had():
     """A name missing from the table above would not be checked: each old module's public names
     (its ``__all__``) are exactly those the table lists."""
     for old, names in MOVED.items():
-        if old in ("sb3_worldmodels", "sb3_worldmodels.tdmpc2", "sb3_worldmodels.tdmpc2.config"):
+        own_modules = ("sb3_worldmodels", "sb3_worldmodels.tdmpc2", "sb3_worldmodels.tdmpc2.config")
+        if old in (*own_modules, "sb3_worldmodels.common.base", "sb3_worldmodels.common.policy"):
             continue  # modules of their own, which re-export a few moved names
         assert sorted(importlib.import_module(old).__all__) == sorted(names), old
 

@@ -382,8 +382,8 @@ def test_multitask_predict_evaluate_save_load(small_pool, tmp_path):
     assert set(scores) == {"up", "down", "mean"}
     assert scores["mean"] == pytest.approx((scores["up"] + scores["down"]) / 2)
 
-    model.save(tmp_path / "mt.npz")
-    loaded = type(model).load(tmp_path / "mt.npz")
+    model.save(tmp_path / "mt.zip")
+    loaded = type(model).load(tmp_path / "mt.zip")
     assert loaded.tasks == model.tasks and loaded.config == model.config and loaded.num_timesteps == 5
     np.testing.assert_array_equal(loaded.predict(obs_up, "up", deterministic=True)[0], action)
     with pytest.raises(ValueError, match="No pool"):
@@ -397,9 +397,42 @@ def test_multitask_predict_evaluate_save_load(small_pool, tmp_path):
         model.predict(np.ones(5, np.float32), "up")
     with pytest.raises(ValueError, match="task 'down'"):
         model.evaluate({"down": _LinearTask(3, 1)})
-    (tmp_path / "foreign.npz").write_bytes(b"not a model")
-    with pytest.raises(ValueError, match="not a model written by TDMPC2MultiTask.save"):
-        type(model).load(tmp_path / "foreign.npz")
+    (tmp_path / "foreign.zip").write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="Could not read .* as an SB3 checkpoint"):
+        type(model).load(tmp_path / "foreign.zip")
+
+
+def test_a_multitask_model_saved_as_npz_by_an_earlier_release_loads(small_pool, tmp_path):
+    """Earlier releases saved a multi-task model as an .npz ("state<path>" arrays and JSON metadata);
+    it still loads, with the same parameters and update count."""
+    import jax
+
+    from sb3_worldmodels.common import safe_io
+
+    model = _tiny_multitask(small_pool)
+    model.learn(2)
+    leaves = jax.tree_util.tree_leaves_with_path(model.state)
+    arrays = {f"state{jax.tree_util.keystr(p)}": np.asarray(x) for p, x in leaves}
+    meta = {
+        "format": "sb3_worldmodels.tdmpc2_multitask",
+        "version": 1,
+        "config": {f: getattr(model.config, f) for f in model.config.__dataclass_fields__},
+        "tasks": list(model.tasks),
+        "obs_dims": list(model.obs_dims),
+        "model_size": model.model_size,
+        "seed": model.seed,
+        "num_timesteps": model.num_timesteps,
+    }
+    with open(tmp_path / "old.npz", "wb") as handle:
+        safe_io.save_npz(handle, arrays, meta)
+    loaded = type(model).load(tmp_path / "old.npz", data=small_pool)
+    assert loaded.config == model.config and loaded.num_timesteps == 2 and loaded.pool is not None
+    for (path, saved), back in zip(leaves, jax.tree_util.tree_leaves(loaded.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(back), np.asarray(saved), err_msg=jax.tree_util.keystr(path))
+    obs = np.ones(3, np.float32)
+    np.testing.assert_array_equal(
+        loaded.predict(obs, "up", deterministic=True)[0], model.predict(obs, "up", deterministic=True)[0]
+    )
 
 
 def _export_with_length(path, rng, obs_dim, action_dim, episode_length):

@@ -266,6 +266,19 @@ def check_rewards(rewards: Any, where: str = "") -> None:
         )
 
 
+class NonFiniteActionError(FloatingPointError):
+    """The agent produced a NaN or infinite action; it was neither sent to an env nor returned."""
+
+
+def refuse_non_finite_actions(actions: np.ndarray, where: str) -> None:
+    """NonFiniteActionError when an agent's ``actions`` hold NaN or inf (``where`` locates it)."""
+    if not np.all(np.isfinite(actions)):
+        raise NonFiniteActionError(
+            f"The agent produced a non-finite action{where}; it was not sent to the env. Its parameters "
+            "or carried state hold NaN or inf (e.g. set by set_parameters); load a good checkpoint."
+        )
+
+
 def check_finite_arrays(arrays: dict[str, np.ndarray], what: str, fix: str) -> None:
     """Raise ValueError naming the first array (and index) that holds NaN or inf."""
     for name, array in arrays.items():

@@ -2,8 +2,9 @@
 
 SB3 saves ``policy.state_dict()`` with ``torch.save`` and loads it with ``weights_only=True``; so
 the JAX state is stored as a flat dict of CPU tensors keyed by the pytree path, and restored into
-the template pytree that the (saved) configuration builds. Keys, shapes and dtypes are checked
-before anything is replaced: a failed load changes nothing.
+the template pytree that the (saved) configuration builds, by the state codec of
+:mod:`~sb3_worldmodels.common.checkpoints`. Keys, shapes and dtypes are checked before anything is
+replaced: a failed load changes nothing.
 """
 
 from __future__ import annotations
@@ -11,47 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import jax
-import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.policies import BasePolicy
 
 from sb3_worldmodels.common.boundary import check_finite_arrays
-
-PREFIX = "state/"
-
-
-def flatten_state(tree: Any) -> dict[str, np.ndarray]:
-    """Pytree -> {path: numpy array}; paths are jax key paths (stable for dicts and NamedTuples)."""
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {jax.tree_util.keystr(path): np.asarray(jax.device_get(leaf)) for path, leaf in leaves}
-
-
-def restore_state(template: Any, flat: dict[str, np.ndarray], what: str) -> Any:
-    """Fill ``template``'s structure with the arrays of ``flat``; RuntimeError on any mismatch."""
-    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
-    expected = {jax.tree_util.keystr(p): leaf for p, leaf in paths_leaves}
-    missing = sorted(set(expected) - set(flat))
-    extra = sorted(set(flat) - set(expected))
-    if missing or extra:
-        raise RuntimeError(
-            f"The checkpoint does not fit this {what}: {len(missing)} missing and {len(extra)} unexpected "
-            f"entries (e.g. missing {missing[:3]}, unexpected {extra[:3]}). It was saved by another "
-            "algorithm or with different architecture settings (model_size, widths, spaces)."
-        )
-    leaves = []
-    for path, leaf in paths_leaves:
-        key = jax.tree_util.keystr(path)
-        value = np.asarray(flat[key])
-        want_shape = tuple(np.shape(leaf))
-        if value.shape != want_shape:
-            raise RuntimeError(
-                f"The checkpoint does not fit this {what}: {key} has shape {value.shape}, expected "
-                f"{want_shape} (different architecture settings or spaces)."
-            )
-        leaves.append(value.astype(np.asarray(leaf).dtype, copy=False))
-    return jax.tree_util.tree_unflatten(treedef, [jax.numpy.asarray(v) for v in leaves])
+from sb3_worldmodels.common.checkpoints import (
+    STATE_PREFIX,
+    flatten_state,
+    restore_state,
+    state_to_tensors,
+    tensors_to_arrays,
+)
 
 
 class JaxPolicy(BasePolicy):
@@ -105,14 +77,7 @@ class JaxPolicy(BasePolicy):
         optimiser moments, statistics), without PRNG keys and counters."""
         if self.state is None:
             return {}
-        out = {}
-        for key, value in flatten_state(self.state).items():
-            if floats_only and value.dtype.kind != "f":
-                continue
-            if value.dtype.kind == "u":  # torch lacks general unsigned support: PRNG keys travel as int64
-                value = value.astype(np.int64)
-            out[PREFIX + key] = th.from_numpy(np.array(value, copy=True))
-        return out
+        return state_to_tensors(self.state, floats_only)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """Replace the state's leaves by ``state_dict``'s, all checked first (a failure changes nothing).
@@ -122,14 +87,7 @@ class JaxPolicy(BasePolicy):
         are returned as unexpected (torch's meaning). Shapes must match either way."""
         if self.state is None:
             raise RuntimeError("The policy has no template state: build the model before loading weights.")
-        flat = {}
-        for key, value in state_dict.items():
-            if not key.startswith(PREFIX):
-                raise RuntimeError(
-                    f"Unexpected parameter {key!r}: this checkpoint was not written by an "
-                    "sb3_worldmodels agent."
-                )
-            flat[key[len(PREFIX) :]] = value.detach().cpu().numpy() if isinstance(value, th.Tensor) else value
+        flat = tensors_to_arrays(state_dict)
         check_finite_arrays(
             flat,
             "The checkpoint or parameter dict",
@@ -145,5 +103,6 @@ class JaxPolicy(BasePolicy):
         }
         self.state = restore_state(self.state, flat, type(self).__name__)
         return th.nn.modules.module._IncompatibleKeys(
-            [] if strict else [PREFIX + key for key in missing], [PREFIX + key for key in unexpected]
+            [] if strict else [STATE_PREFIX + key for key in missing],
+            [STATE_PREFIX + key for key in unexpected],
         )

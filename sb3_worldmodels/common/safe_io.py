@@ -21,9 +21,12 @@ import base64
 import io
 import json
 import os
+import re
+import tempfile
 import zipfile
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -268,6 +271,77 @@ def decode_attributes(
             except (KeyError, TypeError, ValueError) as error:
                 raise ValueError(f"{what}: the entry {key!r} is malformed ({error}).") from error
     return out
+
+
+# ------------------------------------------------------------------------------- atomic writes
+def write_atomically(path: str | os.PathLike[str], write: Callable[[str], None], suffix: str = "") -> Path:
+    """Call ``write`` on a temporary file beside ``path``, flush it to disk, then rename it into place:
+    an interrupted write never leaves a truncated file behind. Every file the package writes for a
+    user (checkpoints, replays, exported episodes, pools) goes through here.
+
+    :param suffix: added to ``path`` when it has none (SB3's rule: ``.zip`` for a model).
+    :return: the path written.
+
+    The file gets the permissions a plain ``open`` would give (0666 less the umask, as SB3's files).
+    The temporary file is ``.<name>.<pid>.<random>.tmp<suffix>``; those left by a writer that was
+    killed (its process is gone) are removed, whatever file they were for (a CheckpointCallback's
+    next save has another name).
+    """
+    target = Path(path)
+    if target.suffix == "":
+        target = target.with_suffix(suffix)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_orphaned_temporaries(target.parent, target.suffix)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp" + target.suffix, dir=target.parent
+    )
+    os.close(fd)
+    try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+        _fsync_directory(target.parent)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return target
+
+
+def _remove_orphaned_temporaries(folder: Path, suffix: str) -> None:
+    """Delete the ``.<name>.<pid>.<random>.tmp<suffix>`` files in ``folder`` whose writer is gone."""
+    pattern = re.compile(r"^\..+\.(\d+)\.[A-Za-z0-9_]+\.tmp" + re.escape(suffix) + "$")
+    for leftover in folder.glob(f".*.tmp{suffix}"):
+        match = pattern.match(leftover.name)
+        if match and not _process_alive(int(match.group(1))):
+            leftover.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _fsync_directory(folder: Path) -> None:
+    """Persist a rename on POSIX (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------ zip files

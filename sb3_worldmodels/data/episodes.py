@@ -116,7 +116,7 @@ def export_episodes(agent: Any, path: PathLike, episode_length: int | None = Non
     out["reward"][starts[:-1]] = 0.0
     if bool(getattr(config, "episodic", False)):
         out["terminated"] = np.concatenate([rows["terminated"] for rows in episodes]).astype(bool)
-    return _write_atomically(Path(path), out)
+    return _write_arrays(Path(path), out)
 
 
 def _check_flat_observations(agent: Any, obs_dim: int) -> None:
@@ -160,17 +160,15 @@ def _replay_episodes(
     return episodes
 
 
-def _write_atomically(path: Path, arrays: Mapping[str, np.ndarray]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+def _write_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> Path:
+    """``arrays`` as an ``.npz`` at exactly ``path``, written atomically."""
+    from sb3_worldmodels.common.safe_io import write_atomically
+
+    def write(temporary: str) -> None:
         with open(temporary, "wb") as handle:
             np.savez(handle, **arrays)  # type: ignore[arg-type]
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return path
+
+    return write_atomically(path, write)
 
 
 # -------------------------------------------------------------------------------------- read export

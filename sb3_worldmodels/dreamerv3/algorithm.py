@@ -10,15 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sb3_worldmodels.common.base import (
-    WorldModelAlgorithm,
-    pad_rows,
-    padded_rows,
-    refuse_foreign_keywords,
-    take_sb3_alias,
-)
+from sb3_worldmodels.common.base import WorldModelAlgorithm
 from sb3_worldmodels.common.boundary import AgentObservation, map_observation, observation_rows
+from sb3_worldmodels.common.predict import pad_rows, padded_rows
 from sb3_worldmodels.common.replay import SequenceReplay
+from sb3_worldmodels.common.sb3_keywords import refuse_foreign_keywords, take_sb3_alias
 from sb3_worldmodels.common.schedule import RatioSchedule
 from sb3_worldmodels.dreamerv3 import agent as core
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config, preset
@@ -216,7 +212,6 @@ class DreamerV3(WorldModelAlgorithm):
 
     def _setup_model(self) -> None:
         super()._setup_model()
-        self._pending_updates = 0
         saved = getattr(self, "_schedule", None)  # a loaded model keeps its ratio's position
         self._schedule = self._new_schedule()
         if saved is None:
@@ -229,6 +224,7 @@ class DreamerV3(WorldModelAlgorithm):
         return RatioSchedule(cfg.train_ratio, cfg.batch_size, cfg.batch_length, cfg.train_fill)
 
     def _reset_training_schedule(self) -> None:
+        super()._reset_training_schedule()
         self._schedule = self._new_schedule()
         self._rows = 0
 
@@ -351,16 +347,12 @@ class DreamerV3(WorldModelAlgorithm):
         steps = self._rows + np.arange(1, len(items_after_rows) + 1)
         self._rows += len(items_after_rows)
         may_train = self._schedule.gate(steps, items_after_rows) & (steps > self.learning_starts)
-        self._pending_updates += self._schedule.updates_for_rows(steps, may_train)
+        self._owed_updates += self._schedule.updates_for_rows(steps, may_train)
 
     # ------------------------------------------------------------------ training
     @property
     def _updates_per_call(self) -> int:
         return max(1, round(self.n_envs * self._config.updates_per_row))
-
-    def _take_owed_updates(self) -> int:
-        owed, self._pending_updates = self._pending_updates, 0
-        return owed
 
     def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict, Callable[[], None]]:
         batch, envs, starts = self.replay_buffer.sample(self._config.batch_size, count=k)
@@ -388,9 +380,11 @@ class DreamerV3(WorldModelAlgorithm):
         obs, vectorized, carry, starts = self._predict_inputs(
             observation, state, episode_start, deterministic
         )
-        key = jax.random.fold_in(self.policy.state["predict_key"], self._predict_calls)
-        self._predict_calls += 1
-        action, new_state = self._predict_step(obs, carry, starts, key, bool(deterministic))
+        # The policy step draws a batch's noise from one key (the first row's: from the predict
+        # stream); with deterministic=True it draws nothing (the posterior's and the actor's modes).
+        rows = list(obs.values()) if isinstance(obs, dict) else [obs]
+        keys = self._predict_keys(bool(deterministic), *rows, *carry, starts)
+        action, new_state = self._predict_step(obs, carry, starts, keys[0], bool(deterministic))
         return self._env_actions(action, vectorized), new_state
 
     def _predict_step(

@@ -12,15 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels.blocks.episodes import discount_from_episode_length
-from sb3_worldmodels.common.base import (
-    WorldModelAlgorithm,
-    pad_rows,
-    padded_rows,
-    refuse_foreign_keywords,
-    take_sb3_alias,
-)
+from sb3_worldmodels.common.base import WorldModelAlgorithm
 from sb3_worldmodels.common.boundary import AgentObservation
 from sb3_worldmodels.common.episode_replay import EpisodeReplay
+from sb3_worldmodels.common.predict import pad_rows, padded_rows
+from sb3_worldmodels.common.sb3_keywords import refuse_foreign_keywords, take_sb3_alias
 from sb3_worldmodels.common.vec_env import vec_agent_steps_per_episode
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks
@@ -290,11 +286,6 @@ class TDMPC2(WorldModelAlgorithm):
             "iterations": planner_iterations(self.iterations, dims["action_dim"]),
         }
 
-    def _setup_model(self) -> None:
-        super()._setup_model()
-        if not hasattr(self, "_owed_updates"):
-            self._owed_updates = 0
-
     def _replay_fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         # "obs" holds the one observation: the float32 vector, or the uint8 image (as the reference's
         # buffer keeps its pixel observations' uint8 frames under "obs").
@@ -319,9 +310,6 @@ class TDMPC2(WorldModelAlgorithm):
         capacity = max(min(int(self.buffer_size), int(total)), self._replay_window)
         replay = self.replay_buffer if self.replay_buffer is not None else self._new_replay(capacity)
         return replay, capacity
-
-    def _reset_training_schedule(self) -> None:
-        self._owed_updates = 0
 
     # ------------------------------------------------------------------ collection
     def _collect_act(self, observation: AgentObservation, learning_starts: int) -> np.ndarray:

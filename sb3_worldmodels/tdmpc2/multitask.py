@@ -5,14 +5,17 @@ every network, observations and actions are padded to the widest task, each task
 mask and discount (:mod:`sb3_worldmodels.tdmpc2.networks`), and training is offline: gradient updates
 on windows of a fixed dataset, no env interaction and no planning (offline_trainer.py:73-90@b67b21c).
 
-``learn(n)`` runs ``n`` gradient updates (``num_timesteps`` counts updates) with SB3's callbacks,
-logger and progress bar; ``predict`` plans for one named task; ``evaluate`` runs each task's env.
+It is an SB3 algorithm of the package's family: ``learn(n)`` runs ``n`` gradient updates
+(``num_timesteps`` counts updates) with SB3's callbacks, logger and progress bar; ``save``/``load``
+use the checkpoint format of ``DreamerV3`` and ``TDMPC2`` (:mod:`sb3_worldmodels.common.checkpoints`);
+``predict`` plans for one named task with the family's key rule; ``evaluate`` runs each task's env.
 """
 
 from __future__ import annotations
 
 import os
-import zlib
+import time
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,11 +24,16 @@ import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
-from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ProgressBarCallback
-from stable_baselines3.common.logger import Logger
+from gymnasium import spaces
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback, ProgressBarCallback
+from stable_baselines3.common.type_aliases import MaybeCallback
 from stable_baselines3.common.utils import configure_logger
 
 from sb3_worldmodels.common import safe_io
+from sb3_worldmodels.common.checkpoints import STATE_PREFIX, Checkpointing
+from sb3_worldmodels.common.policy import JaxPolicy
+from sb3_worldmodels.common.predict import check_carried_state, check_predict_args, predict_keys
 from sb3_worldmodels.data.pool import TaskPool, load_pool
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks
@@ -59,8 +67,7 @@ TASK_SETS: dict[str, tuple[str, ...]] = {"mt30": _DMC_TASKS, "mt80": _DMC_TASKS 
 (``TASK_SET``, common/__init__.py:26-60@b67b21c): 19 DMC tasks and 11 custom ones (mt30), then
 Meta-World's 50 (mt80). A pool for a released model lists its tasks in this order."""
 
-FORMAT = "sb3_worldmodels.tdmpc2_multitask"
-FORMAT_VERSION = 1
+_NPZ_FORMAT = "sb3_worldmodels.tdmpc2_multitask"  # the .npz files of earlier releases (version 1)
 
 
 def reference_settings(tasks: tuple[str, ...], model_size: int) -> dict[str, int]:
@@ -75,7 +82,8 @@ def reference_settings(tasks: tuple[str, ...], model_size: int) -> dict[str, int
 
 
 class _UpdatesProgressBar(ProgressBarCallback):
-    """SB3's progress bar, advanced by one gradient update per step (there is no env)."""
+    """SB3's progress bar, advanced by one gradient update per step (SB3's advances by the envs of a
+    step, and training here has no env)."""
 
     def _on_step(self) -> bool:
         self.pbar.update(1)
@@ -112,8 +120,17 @@ class MultiTaskEvalCallback(BaseCallback):
         self.evaluations: list[dict[str, float]] = []
         """One dict per evaluation: ``updates``, each task's mean return, and ``mean``."""
 
+    @property
+    def _multitask(self) -> TDMPC2MultiTask:
+        if not isinstance(self.model, TDMPC2MultiTask):
+            raise TypeError(
+                f"MultiTaskEvalCallback evaluates a TDMPC2MultiTask, not a {type(self.model).__name__}: use "
+                "SB3's EvalCallback for a single-task model."
+            )
+        return self.model
+
     def _init_callback(self) -> None:
-        model: TDMPC2MultiTask = self.model  # type: ignore[assignment]
+        model = self._multitask
         for name, env in self.envs.items():  # a wrong env is refused before any update runs
             model._check_env(name, model.task_id(name), env)
 
@@ -124,8 +141,7 @@ class MultiTaskEvalCallback(BaseCallback):
 
     def evaluate(self) -> dict[str, float]:
         """Evaluate now, log and keep the scores."""
-        model: TDMPC2MultiTask = self.model  # type: ignore[assignment]
-        scores = model.evaluate(self.envs, self.n_eval_episodes, self.deterministic)
+        scores = self._multitask.evaluate(self.envs, self.n_eval_episodes, self.deterministic)
         for name, score in scores.items():
             self.logger.record("eval/mean_reward" if name == "mean" else f"eval/{name}/mean_reward", score)
         self.logger.record("eval/n_updates", self.num_timesteps)
@@ -139,7 +155,7 @@ class MultiTaskEvalCallback(BaseCallback):
         return scores
 
 
-class TDMPC2MultiTask:
+class TDMPC2MultiTask(Checkpointing, BaseAlgorithm):
     """One TD-MPC2 model for the tasks of a pool, trained offline.
 
     :param data: a :class:`~sb3_worldmodels.data.pool.TaskPool` or the path of one; its tasks,
@@ -150,7 +166,12 @@ class TDMPC2MultiTask:
     :param task_dim: embedding width; default :func:`reference_settings`.
     :param seed: seeds the parameters, the update noise and the window sampling.
     :param config_overrides: other :class:`~sb3_worldmodels.tdmpc2.config.TDMPC2Config` fields.
+
+    The model's ``observation_space`` and ``action_space`` are the padded widths (the widest task's);
+    ``predict`` takes and returns each task's own.
     """
+
+    policy: JaxPolicy
 
     def __init__(
         self,
@@ -183,20 +204,41 @@ class TDMPC2MultiTask:
                 **settings,
             )
             _spec = (config, pool.tasks, pool.obs_dims)
+        super().__init__(
+            policy=JaxPolicy,
+            env=None,
+            learning_rate=learning_rate,
+            tensorboard_log=tensorboard_log,
+            verbose=verbose,
+            device="cpu",
+            seed=int(np.random.default_rng().integers(2**31)) if seed is None else int(seed),
+        )
         self.config, self.tasks, self._obs_dims = _spec
         self.model_size = model_size
-        self.seed = int(np.random.default_rng().integers(2**31)) if seed is None else int(seed)
-        self.verbose = verbose
-        self.tensorboard_log = tensorboard_log
-        self.state = core.init_state(self.config, jax.random.PRNGKey(self.seed))
-        self._rng = np.random.default_rng(self.seed)
-        self.num_timesteps = 0
-        self._predict_calls = 0
-        self._logger: Logger | None = None
-        self._custom_logger = False
+        self.observation_space = spaces.Box(-np.inf, np.inf, (self.config.obs_dim,), np.float32)
+        self.action_space = spaces.Box(-1.0, 1.0, (self.config.action_dim,), np.float32)
         self.pool: TaskPool | None = None
+        self._setup_model()
         if pool is not None:
             self._attach(pool)
+
+    def _setup_model(self) -> None:
+        """The policy holding the agent's state (from the seed) and predict's key stream."""
+        assert self.seed is not None
+        self.policy = JaxPolicy(self.observation_space, self.action_space)
+        agent = core.init_state(self.config, jax.random.PRNGKey(self.seed))
+        self.policy.state = {"agent": agent, "predict_key": jax.random.PRNGKey(self.seed + 1)}
+        self._rng = np.random.default_rng(self.seed)  # the windows' sampling
+        self._predict_calls = 0
+
+    @property
+    def state(self) -> core.TDMPC2State:
+        """The agent's state (parameters, optimiser states, update count)."""
+        return self.policy.state["agent"]
+
+    @state.setter
+    def state(self, value: core.TDMPC2State) -> None:
+        self.policy.state = {**self.policy.state, "agent": value}
 
     # ------------------------------------------------------------------ tasks
     @property
@@ -223,24 +265,10 @@ class TDMPC2MultiTask:
         self.pool = pool
 
     # ------------------------------------------------------------------ learning
-    @property
-    def logger(self) -> Logger:
-        if self._logger is None:
-            self._logger = configure_logger(self.verbose, self.tensorboard_log, "TDMPC2MultiTask", True)
-        return self._logger
-
-    def set_logger(self, logger: Logger) -> None:
-        """Log to ``logger`` from now on (SB3's ``set_logger``: ``learn`` keeps it)."""
-        self._logger, self._custom_logger = logger, True
-
-    def get_env(self) -> None:
-        """No env: training is offline (SB3 callbacks read it)."""
-        return None
-
     def learn(
         self,
         total_timesteps: int,
-        callback: BaseCallback | list[BaseCallback] | None = None,
+        callback: MaybeCallback = None,
         log_interval: int = 1000,
         tb_log_name: str = "TDMPC2MultiTask",
         reset_num_timesteps: bool = True,
@@ -248,8 +276,9 @@ class TDMPC2MultiTask:
         data: TaskPool | str | os.PathLike[str] | None = None,
     ) -> TDMPC2MultiTask:
         """Run ``total_timesteps`` gradient updates on windows of the pool (offline_trainer.py:73-90
-        @b67b21c); metrics are logged every ``log_interval`` updates. ``data`` replaces the pool (e.g.
-        after :meth:`load`)."""
+        @b67b21c) with SB3's callbacks (returning False from ``on_step`` stops), logger and progress
+        bar; metrics are logged every ``log_interval`` updates. ``data`` replaces the pool (e.g. after
+        :meth:`load`)."""
         if data is not None:
             self._attach(data)
         if self.pool is None:
@@ -258,29 +287,50 @@ class TDMPC2MultiTask:
             raise ValueError(
                 f"total_timesteps counts gradient updates and must be >= 0, got {total_timesteps}."
             )
+        total_timesteps, callback = self._setup_learn(
+            int(total_timesteps), callback, reset_num_timesteps, tb_log_name, progress_bar
+        )
+        callback.on_training_start(locals(), globals())
+        while self.num_timesteps < total_timesteps:
+            metrics = self._update()
+            self.num_timesteps += 1
+            self._n_updates += 1
+            callback.update_locals(locals())
+            if self.num_timesteps % log_interval == 0 or self.num_timesteps == total_timesteps:
+                self._record(metrics)
+            if not callback.on_step():
+                break
+        callback.on_training_end()
+        return self
+
+    def _setup_learn(
+        self,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        reset_num_timesteps: bool = True,
+        tb_log_name: str = "run",
+        progress_bar: bool = False,
+    ) -> tuple[int, BaseCallback]:
+        """SB3's set-up of a ``learn`` call (counters, logger, callbacks) without its env reset:
+        training is offline."""
+        self.start_time = time.time_ns()
         if reset_num_timesteps:
             self.num_timesteps = 0
+        else:
+            total_timesteps += self.num_timesteps
+        self._total_timesteps = total_timesteps
+        self._num_timesteps_at_start = self.num_timesteps
         if not self._custom_logger:
             self._logger = configure_logger(
                 self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps
             )
-        total_timesteps = self.num_timesteps + int(total_timesteps)  # the target, as SB3's learn has it
-        callbacks = [] if callback is None else list(callback) if isinstance(callback, list) else [callback]
+        return total_timesteps, self._init_callback(callback, progress_bar)
+
+    def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
+        """SB3's, with a progress bar that counts updates."""
         if progress_bar:
-            callbacks.append(_UpdatesProgressBar())
-        cb = CallbackList(callbacks)
-        cb.init_callback(self)  # type: ignore[arg-type]
-        cb.on_training_start(locals(), globals())
-        while self.num_timesteps < total_timesteps:
-            metrics = self._update()
-            self.num_timesteps += 1
-            cb.update_locals(locals())
-            if self.num_timesteps % log_interval == 0 or self.num_timesteps == total_timesteps:
-                self._record(metrics)
-            if not cb.on_step():
-                break
-        cb.on_training_end()
-        return self
+            callback = [self._init_callback(callback), _UpdatesProgressBar()]
+        return super()._init_callback(callback, progress_bar=False)
 
     def _update(self) -> dict[str, Any]:
         assert self.pool is not None
@@ -296,7 +346,7 @@ class TDMPC2MultiTask:
         self.logger.dump(self.num_timesteps)
 
     # ------------------------------------------------------------------ acting
-    def predict(
+    def predict(  # type: ignore[override]
         self,
         observation: Any,
         task: str,
@@ -306,7 +356,9 @@ class TDMPC2MultiTask:
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         """Plan for ``task``: observation (O_task,) or (n, O_task) → action (A_task,) or (n, A_task),
         and the state (plan mean (n, H, A),) for the next call (a restart where ``episode_start``).
-        ``deterministic`` is the reference's eval mode (no exploration noise on the chosen action)."""
+        ``deterministic`` is the reference's eval mode (no exploration noise on the chosen action);
+        its keys follow the family's rule (:func:`~sb3_worldmodels.common.predict.predict_keys`):
+        the same inputs give the same action, before and after ``save``/``load``."""
         k = self.task_id(task)
         obs = np.asarray(observation, np.float32)
         single = obs.ndim == 1
@@ -318,35 +370,38 @@ class TDMPC2MultiTask:
                 f"{np.shape(observation)}."
             )
         n, c = obs.shape[0], self.config
+        given_starts = check_predict_args(deterministic, episode_start, n)
+        carried = check_carried_state(state, {"plan": (n, c.horizon, c.action_dim)}, n)
         padded = np.zeros((n, c.obs_dim), np.float32)
-        padded[:, : obs.shape[1]] = obs
-        prev = np.zeros((n, c.horizon, c.action_dim), np.float32) if state is None else np.asarray(state[0])
-        if state is None:
-            first = np.ones(n, bool)
+        padded[:, :width] = obs
+        if carried is None:
+            prev, first = np.zeros((n, c.horizon, c.action_dim), np.float32), np.ones(n, bool)
         else:
-            first = np.zeros(n, bool) if episode_start is None else np.asarray(episode_start, bool)
-        key = self._predict_key(bool(deterministic), padded, prev, first, k)
+            prev, first = carried[0], np.zeros(n, bool) if given_starts is None else given_starts
+        tasks = np.full((n,), k, np.int32)
+        used_plan = np.where(first[:, None, None], 0.0, prev)  # a restart ignores the plan
+        keys = predict_keys(
+            bool(deterministic),
+            self.policy.state["predict_key"],
+            self._predict_calls,
+            padded,
+            used_plan,
+            first,
+            tasks,
+        )
+        self._predict_calls += 0 if deterministic else 1
         action, mean = core.act_jit(
             c,
             self.state.params,
             jnp.asarray(padded),
             jnp.asarray(prev),
             jnp.asarray(first),
-            key,
+            keys,
             eval_mode=bool(deterministic),
-            task=jnp.full((n,), k, jnp.int32),
+            task=jnp.asarray(tasks),
         )
         action = np.asarray(action)[:, : c.action_dims[k]]
         return (action[0] if single else action), (np.asarray(mean),)
-
-    def _predict_key(self, deterministic: bool, *inputs: Any) -> jax.Array:
-        """Deterministic: a key from the inputs, so the same inputs give the same action whatever came
-        before (and after save/load); otherwise the next key of the model's own predict stream."""
-        if deterministic:
-            digest = zlib.crc32(b"".join(np.ascontiguousarray(x).tobytes() for x in inputs))
-            return jax.random.fold_in(jax.random.PRNGKey(self.seed), digest)
-        self._predict_calls += 1
-        return jax.random.fold_in(jax.random.PRNGKey(self.seed + 1), self._predict_calls)
 
     def evaluate(
         self, envs: Mapping[str, gym.Env], n_eval_episodes: int = 5, deterministic: bool = True
@@ -360,7 +415,7 @@ class TDMPC2MultiTask:
             self._check_env(name, k, env)
             returns = []
             for episode in range(n_eval_episodes):
-                obs, _ = env.reset(seed=self.seed + episode)
+                obs, _ = env.reset(seed=None if self.seed is None else self.seed + episode)
                 state, total, done = None, 0.0, False
                 while not done:
                     action, state = self.predict(obs, name, state, deterministic=deterministic)
@@ -428,37 +483,82 @@ class TDMPC2MultiTask:
         return model
 
     # ------------------------------------------------------------------ save / load
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """The model (config, tasks, parameters, optimiser state, counters) in one ``.npz``, written
-        atomically; it loads without running code."""
-        leaves = jax.tree_util.tree_leaves_with_path(self.state)
-        arrays = {f"state{jax.tree_util.keystr(p)}": np.asarray(x) for p, x in leaves}
-        meta = {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
-            "config": {f: getattr(self.config, f) for f in self.config.__dataclass_fields__},
-            "tasks": list(self.tasks),
-            "obs_dims": list(self._obs_dims),
-            "model_size": self.model_size,
-            "seed": self.seed,
-            "num_timesteps": self.num_timesteps,
-        }
-        target = Path(path)
-        temp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        try:
-            with open(temp, "wb") as handle:
-                safe_io.save_npz(handle, arrays, meta)
-            os.replace(temp, target)
-        finally:
-            temp.unlink(missing_ok=True)
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "config", "pool"]
+
+    def _checkpoint_attributes(self, exclude: Any, include: Any) -> dict[str, Any]:
+        """SB3's attributes, with the config as its fields (plain data)."""
+        attributes = super()._checkpoint_attributes(exclude, include)
+        attributes["config"] = {f: getattr(self.config, f) for f in self.config.__dataclass_fields__}
+        return attributes
 
     @classmethod
-    def load(
-        cls, path: str | os.PathLike[str], data: TaskPool | str | os.PathLike[str] | None = None
+    def load(  # type: ignore[override]
+        cls,
+        path: Any,
+        env: Any = None,
+        device: str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        trust_pickled_code: bool = False,
+        data: TaskPool | str | os.PathLike[str] | None = None,
+        **kwargs: Any,
     ) -> TDMPC2MultiTask:
-        """A model written by :meth:`save`; ``data`` attaches a pool to train on."""
+        """A model written by :meth:`save` (the family's checkpoint format, read without running
+        code), or by an earlier release's ``save`` (an ``.npz``); ``data`` attaches a pool to train on.
+        The other arguments are :meth:`~sb3_worldmodels.common.checkpoints.Checkpointing.load`'s."""
+        if _is_npz_model(path):
+            model = cls._from_npz(path)
+        else:
+            model = super().load(
+                path,
+                env,
+                device,
+                custom_objects,
+                print_system_info,
+                force_reset,
+                trust_pickled_code,
+                **kwargs,
+            )
+        if data is not None:
+            model._attach(data)
+        return model
+
+    @classmethod
+    def _from_checkpoint(
+        cls,
+        data: dict[str, Any],
+        params: dict[str, Any],
+        env: Any,
+        device: str,
+        force_reset: bool,
+        kwargs: dict,
+    ) -> TDMPC2MultiTask:
+        if env is not None:
+            raise ValueError(
+                "TDMPC2MultiTask trains offline and takes no env: pass data=<pool> to train further."
+            )
+        fields = data.pop("config", None)
+        if not isinstance(fields, dict) or not all(
+            k in data for k in ("tasks", "_obs_dims", "model_size", "seed")
+        ):
+            raise ValueError(
+                "The checkpoint lacks the multi-task model's config, tasks or widths: it is incomplete."
+            )
+        config = preset(int(data["model_size"]), **fields)
+        spec = (config, tuple(data["tasks"]), tuple(int(x) for x in data["_obs_dims"]))
+        model = cls(None, data["model_size"], seed=data["seed"], _spec=spec)
+        model.set_parameters(params, exact_match=True, device=device)
+        model.__dict__.update(data)
+        model.__dict__.update(kwargs)
+        return model
+
+    @classmethod
+    def _from_npz(cls, path: str | os.PathLike[str]) -> TDMPC2MultiTask:
+        """A model saved by an earlier release (an ``.npz`` of the state leaves and JSON metadata)."""
         arrays, meta = safe_io.load_npz(path, f"{path}", "a model written by TDMPC2MultiTask.save()")
-        if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
+        if meta.get("format") != _NPZ_FORMAT or meta.get("version") != 1:
             raise ValueError(f"{path} is not a TDMPC2MultiTask file (format {meta.get('format')!r}).")
         fields = dict(meta["config"])
         for name in ("action_dims", "episode_lengths"):
@@ -466,16 +566,26 @@ class TDMPC2MultiTask:
         config = preset(int(meta["model_size"]), **fields)
         spec = (config, tuple(meta["tasks"]), tuple(int(x) for x in meta["obs_dims"]))
         model = cls(None, meta["model_size"], seed=meta["seed"], _spec=spec)
-        paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(model.state)]
-        missing = [p for p in paths if f"state{p}" not in arrays]
-        if missing:
-            raise ValueError(f"{path} lacks the state entries {missing[:3]}...: not a TDMPC2MultiTask file.")
-        leaves = [jnp.asarray(arrays[f"state{p}"]) for p in paths]
-        model.state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(model.state), leaves)
+        # Its keys are "state<path>" for each leaf of the agent's state: here "state/['agent']<path>".
+        tensors = {
+            f"{STATE_PREFIX}['agent']{name[len('state') :]}": value
+            for name, value in arrays.items()
+            if name.startswith("state")
+        }
+        model.set_parameters({"policy": tensors}, exact_match=True)
         model.num_timesteps = int(meta["num_timesteps"])
-        if data is not None:
-            model._attach(data)
         return model
+
+
+def _is_npz_model(path: Any) -> bool:
+    """Whether ``path`` is a multi-task model saved by an earlier release (an ``.npz``)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return False
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return f"{safe_io.META}.npy" in archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def _read_reference_checkpoint(path: str | os.PathLike[str]) -> Mapping[str, Any]:

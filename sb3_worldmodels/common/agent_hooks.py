@@ -1,0 +1,147 @@
+"""The contract between the SB3 shell and an agent: what an agent class provides, written once.
+
+:class:`~sb3_worldmodels.common.base.WorldModelAlgorithm` is SB3's off-policy algorithm around a
+pure-JAX core; a subclass (``DreamerV3``, ``TDMPC2``) fills in the class attributes and implements
+the abstract hooks below. The shell calls them and owns everything else: the SB3 keywords, the env
+loop and its checks, predict's argument checks, the checkpoint format and the training calls.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from sb3_worldmodels.common.boundary import ActionAdapter, AgentObservation, ObservationAdapter
+
+
+class AgentHooks(ABC):
+    """What an agent class provides to the shell (class attributes and hooks), and the shell's
+    attributes a hook may read (besides ``self.policy.state``: {"agent": the core's state,
+    "act_key": collection's key, "predict_key": predict's stream})."""
+
+    # ------------------------------------------------------------------ the agent's class attributes
+    agent_name = "world model agent"
+    """The agent's name in messages."""
+    allow_discrete = True
+    """Whether Discrete action spaces are accepted."""
+    allow_images = False
+    """Whether image observations are accepted."""
+    default_n_envs = 1
+    """Envs built from an env id when ``n_envs`` is not given."""
+    core: Any
+    """The agent's pure core module: ``init_state(config, key)`` and ``set_learning_rate(state, lr)``."""
+    config_class: Any
+    """The agent's frozen config dataclass; its fields (less the space-derived ones and
+    ``learning_rate``) are constructor arguments and attributes of the same names."""
+    preset: Callable[..., Any]
+    """``preset(model_size, **fields)``: the validated config of a model size with overrides."""
+    space_fields: tuple[str, ...] = ("obs_dim", "action_dim")
+    """Config fields set from the spaces, not by the user."""
+    extra_hyperparameters: tuple[str, ...] = ()
+    """Constructor arguments stored as attributes that are not config fields."""
+    replay_class: Any
+    """The replay's class, built by the shell with :meth:`_replay_fields` and :meth:`_replay_options`."""
+    window_setting: str
+    """The hyperparameter whose value + 1 is the replay's window length (its sampled rows)."""
+    stateless_predict_consequence = "forgets its state between such calls"
+    """What the stateless-``predict`` warning says the agent loses."""
+    nan_allowed_metrics: tuple[str, ...] = ()
+    """Metric prefixes that are NaN by design (not refused as a non-finite update)."""
+
+    # ------------------------------------------------------------------ the shell's attributes
+    obs_adapter: ObservationAdapter
+    action_adapter: ActionAdapter
+    replay_buffer: Any
+    """An instance of ``replay_class`` (None before the first ``learn``)."""
+    _config: Any
+    """The resolved config (an instance of ``config_class``)."""
+    _rollout: Any
+    """The agent's per-env collection state; None when every env starts an episode (the shell
+    resets it after ``env.reset``)."""
+    _owed_updates: int
+    """Updates the agent's schedule owes and the next training call runs."""
+
+    # ------------------------------------------------------------------ collection
+    @abstractmethod
+    def _collect_act(self, obs: AgentObservation, learning_starts: int) -> np.ndarray:
+        """(n_envs, A) agent-unit actions for the current observations ``obs`` (n_envs, O) (with
+        images, an :data:`~sb3_worldmodels.common.boundary.AgentObservation` dict)."""
+
+    @abstractmethod
+    def _collect_observe(
+        self, obs: AgentObservation, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+    ) -> None:
+        """Record a vector step's outcome: ``obs`` (n_envs, O) flattened, (n_envs,) ``rewards`` and
+        ``dones``, SB3's ``infos``: replay rows, episode starts, and the updates owed
+        (``self._owed_updates``)."""
+
+    def _rows_in_step(self, dones: np.ndarray) -> int:
+        """How much ``num_timesteps`` advances for one vector step (default: one per env)."""
+        return len(dones)
+
+    # ------------------------------------------------------------------ replay
+    @abstractmethod
+    def _replay_fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Name -> (per-row shape, dtype) of each replay field."""
+
+    def _replay_options(self) -> dict[str, Any]:
+        """Further keyword arguments of the agent's replay class (default: none)."""
+        return {}
+
+    @abstractmethod
+    def _replay_for_run(self, total_timesteps: int, reset_num_timesteps: bool) -> tuple[Any, int]:
+        """The replay this run writes to (the current one, or a new one from ``_new_replay``) and the
+        argument of its ``reserve``: room for every row the run can write."""
+
+    # ------------------------------------------------------------------ training
+    @property
+    @abstractmethod
+    def _updates_per_call(self) -> int:
+        """Updates scanned in one jitted call (one distinct compilation)."""
+
+    @abstractmethod
+    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict, Callable[[], None]]:
+        """Sample k batches and run k updates in one jitted call: (new state, metrics with a leading k,
+        a function that applies the call's side effects once its metrics are known to be finite)."""
+
+    def _take_owed_updates(self) -> int:
+        """The number of updates to run now (and forget them); 0 while training cannot start.
+        Default: every update owed."""
+        owed, self._owed_updates = self._owed_updates, 0
+        return owed
+
+    def _reset_training_schedule(self) -> None:
+        """Forget the updates owed (a run that restarts its step counter); an agent with a schedule
+        of its own restarts it too."""
+        self._owed_updates = 0
+
+    # ------------------------------------------------------------------ predict
+    @abstractmethod
+    def predict(
+        self,
+        observation: Any,
+        state: tuple[np.ndarray, ...] | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = False,
+    ) -> tuple[Any, tuple[np.ndarray, ...]]:
+        """RecurrentPPO's protocol: (env actions, the state to pass back). Built from the shell's
+        ``_predict_inputs`` (checked inputs), ``_predict_keys`` (the key rule) and ``_env_actions``."""
+
+    @abstractmethod
+    def _predict_state_shapes(self, n: int) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of each array of ``predict``'s state for n observations."""
+
+    @abstractmethod
+    def _open_loop(
+        self, obs: AgentObservation, actions: np.ndarray, carried: list[np.ndarray], starts: np.ndarray
+    ) -> dict[str, Any]:
+        """The agent's open-loop predictions from flat observations ``obs`` (n, O) along agent
+        ``actions`` (n, T, A), given ``predict``'s checked state ``carried`` and (n,) ``starts``."""
+
+    # ------------------------------------------------------------------ set-up
+    def _resolve_config_defaults(self) -> None:  # noqa: B027 (optional hook, nothing to do by default)
+        """Fix hyperparameters whose default depends on the env (called before the config is built)."""

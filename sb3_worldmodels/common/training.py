@@ -1,0 +1,117 @@
+"""Training calls: the updates an agent's schedule owes, run in jitted chunks, checked and logged.
+
+After each vector step SB3 calls ``train``; the agent's collection hook has added the updates its
+schedule owes to ``_owed_updates`` (the one name of that count in every agent), and ``train`` runs
+them in calls of ``_updates_per_call`` updates, refuses any update that produced NaN or inf before
+its state is kept, and logs each call's metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+
+from sb3_worldmodels.common.agent_hooks import AgentHooks
+from sb3_worldmodels.common.callbacks import WorldModelCallback, record_extra_metrics
+from sb3_worldmodels.common.policy import JaxPolicy
+
+
+class NonFiniteUpdateError(FloatingPointError):
+    """An update produced NaN or inf; the model keeps its parameters from before it."""
+
+
+def aggregate_metric(key: str, values: np.ndarray) -> float:
+    """The mean of one metric over a call's updates.
+
+    Split statistics (``*stats/*``, see :func:`~sb3_worldmodels.blocks.distributions.balance_stats`)
+    are NaN in updates whose batch lacks a class and are averaged over the others (NaN when all
+    lack it), as the reference aggregates them; every other metric keeps a NaN visible.
+    """
+    if "stats/" in key:
+        finite = values[~np.isnan(values)]
+        return float(finite.mean()) if finite.size else float("nan")
+    return float(np.mean(values))
+
+
+class Trainer(AgentHooks, OffPolicyAlgorithm):
+    """SB3's ``train`` for the agents, and the learning rate they read at every training call."""
+
+    policy: JaxPolicy
+    _wm_callbacks: list[WorldModelCallback]
+    action_repeat: int
+
+    def train(self, gradient_steps: int, batch_size: int = 0) -> None:
+        """Run the updates the agent's schedule owes (SB3's ``gradient_steps`` is ignored), in
+        jitted calls of ``_updates_per_call`` updates (and single updates for the rest)."""
+        owed = self._take_owed_updates()
+        if owed <= 0:
+            return
+        if self._n_updates == 0:
+            for cb in self._wm_callbacks:
+                cb.on_pretrain()
+        per_call = self._updates_per_call
+        chunks = [per_call] * (owed // per_call) + [1] * (owed % per_call)
+        lr = self.current_learning_rate
+        state = self.policy.state
+        agent_state = self.core.set_learning_rate(state["agent"], lr)
+        all_metrics = []
+        done = 0
+        for k in chunks:
+            new_agent_state, metrics, commit = self._train_chunk(agent_state, k)
+            metrics = jax.device_get(metrics)
+            self._refuse_non_finite_update(metrics, done)
+            agent_state, done = new_agent_state, done + k
+            commit()
+            self.policy.state = {**state, "agent": agent_state}
+            all_metrics.append(metrics)
+        self._n_updates += owed
+        # Each call returns every update's metrics with a leading K: one row per update owed.
+        stacked = {key: np.concatenate([m[key] for m in all_metrics]) for key in all_metrics[0]}
+        for i in range(owed if self._wm_callbacks else 0):
+            metrics = {f"train/{key}": float(v[i]) for key, v in stacked.items()}
+            for cb in self._wm_callbacks:
+                record_extra_metrics(self.logger, cb.on_post_update(dict(metrics)))
+        for key, values in stacked.items():
+            self.logger.record(f"train/{key}", aggregate_metric(key, values))
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/learning_rate", lr)
+        self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)
+        self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)
+
+    def _refuse_non_finite_update(self, metrics: dict[str, np.ndarray], done: int) -> None:
+        """Raise NonFiniteUpdateError when any update of a chunk has a non-finite metric (every loss
+        term, gradient and update norm is one), before its state or side effects are kept."""
+        bad = [
+            key
+            for key, values in metrics.items()
+            if not key.startswith(self.nan_allowed_metrics) and not np.all(np.isfinite(values))
+        ]
+        if not bad:
+            return
+        first = min(int(np.argmax(~np.isfinite(metrics[key]))) for key in bad)
+        terms = [key for key in bad if not np.isfinite(metrics[key][first])]
+        shown = ", ".join(f"{key} = {float(metrics[key][first])}" for key in terms[:6])
+        shown += ", ..." if len(terms) > 6 else ""
+        kept = self._n_updates + done
+        raise NonFiniteUpdateError(
+            f"Update {kept + first + 1} produced non-finite values ({shown}). "
+            f"Training stopped; the parameters are kept as they were after update {kept} (the updates of "
+            f"this jitted call are discarded). Common causes: a learning rate too high, or rewards and "
+            "observations of extreme magnitude; the model can be saved or trained again as it is."
+        )
+
+    def _update_learning_rate(self, optimizers: Any) -> None:
+        # The JAX optimiser reads the current rate from the state at every training call.
+        self.logger.record("train/learning_rate", self.current_learning_rate)
+
+    @property
+    def current_learning_rate(self) -> float:
+        return float(self.lr_schedule(self._current_progress_remaining))
+
+    @property
+    def replay_bytes_per_seed(self) -> int:
+        """Bytes held by the allocated replay (0 before it is allocated)."""
+        return 0 if self.replay_buffer is None else int(self.replay_buffer.nbytes)
