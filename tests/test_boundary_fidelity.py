@@ -71,10 +71,11 @@ def test_tdmpc2_takes_the_papers_settings_from_a_dm_control_env():
     assert unrepeated.discount == pytest.approx(0.995) and unrepeated.seed_steps == 5000
 
 
-def test_tdmpc2_refuses_an_env_whose_episode_length_it_cannot_know():
+def test_tdmpc2_takes_sb3_defaults_for_an_env_whose_episode_length_it_cannot_know():
     env = make_vec_env(ChainEnv, n_envs=1)
-    with pytest.raises(ValueError, match="episode_length"):
-        TDMPC2(env, **TD_TINY)
+    with pytest.warns(UserWarning, match="episode_length"):
+        unknown = TDMPC2(env, **TD_TINY)
+    assert unknown.discount == pytest.approx(0.99) and unknown.seed_steps == 1000
     given = TDMPC2(env, episode_length=200, **TD_TINY)
     assert given.discount == pytest.approx(0.975) and given.seed_steps == 1000
     both = TDMPC2(env, discount=0.9, seed_steps=10, **TD_TINY)

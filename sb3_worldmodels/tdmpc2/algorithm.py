@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from sb3_worldmodels.tdmpc2.multitask import TDMPC2MultiTask
 
 _D = TDMPC2Config()  # the constructor's defaults are the config's
+UNKNOWN_LENGTH_DISCOUNT = 0.99
+"""The discount of an env that does not state its episode length: SB3's default ``gamma``."""
+UNKNOWN_LENGTH_SEED_STEPS = 1000
+"""The seed steps of an env that does not state its episode length: the least of the reference's
+max(1000, 5 x episode length) (trainer/online_trainer.py@b67b21c)."""
 # Fields a single-task agent does not take from a multi-task model (from_multitask).
 _NOT_INHERITED = frozenset(
     {"obs_dim", "action_dim", "task_dim", "action_dims", "episode_lengths", "discount", "iterations"}
@@ -71,8 +76,9 @@ class TDMPC2(WorldModelAlgorithm):
     :param buffer_size: most agent steps kept; the replay holds at most the run's steps.
     :param episode_length: the episode length in simulator steps, for the discount heuristic and
         ``seed_steps``; the agent sees ``episode_length // action_repeat`` steps per episode. None: read
-        from the env (its time limit or dm_control's step limit, over its :class:`ActionRepeat`);
-        an env that does not say it is refused unless ``discount`` and ``seed_steps`` are given.
+        from the env (its time limit or dm_control's step limit, over its :class:`ActionRepeat`).
+        An env that does not state it gets ``discount`` 0.99 (SB3's ``gamma``) and ``seed_steps``
+        1000 unless given, with a warning naming ``episode_length``.
     :param iterations: MPPI iterations; 2 more are run when the action has 20 or more dimensions,
         as the reference adds them to the configured count (tdmpc2.py:30@b67b21c).
     :param discount: None for the reference's heuristic from the episode length (tdmpc2.py:31-48@b67b21c).
@@ -255,20 +261,36 @@ class TDMPC2(WorldModelAlgorithm):
     def _resolve_config_defaults(self) -> None:
         """Fix the env-derived defaults once (they are then saved with the model): the discount from
         the episode length and seed_steps = max(1000, 5 T) (tdmpc2.py:35-48, trainer/online_trainer.py
-        @b67b21c, with T the episode's agent steps as the reference's ``episode_length``)."""
+        @b67b21c, with T the episode's agent steps as the reference's ``episode_length``). An env that
+        does not state its length gets SB3's gamma and the reference's least seed_steps instead
+        (:data:`UNKNOWN_LENGTH_DISCOUNT`, :data:`UNKNOWN_LENGTH_SEED_STEPS`), with one warning."""
         if self.discount is not None and self.seed_steps is not None:
             return
         length = self.agent_episode_length
         if length is None:
-            raise ValueError(
-                "TD-MPC2 sets its discount and seed_steps from the episode length, and this env does not "
-                "say it (no TimeLimit, spec max_episode_steps or dm_control step limit found). Pass "
-                "episode_length=<simulator steps per episode> (or both discount and seed_steps)."
-            )
+            self._resolve_without_episode_length()
+            return
         if self.discount is None:
             self.discount = discount_from_episode_length(length)
         if self.seed_steps is None:
             self.seed_steps = max(1000, 5 * length)
+
+    def _resolve_without_episode_length(self) -> None:
+        """The defaults of an env whose episode length is unknown, and the warning that names them."""
+        taken = []
+        if self.discount is None:
+            self.discount = UNKNOWN_LENGTH_DISCOUNT
+            taken.append(f"discount (gamma) = {UNKNOWN_LENGTH_DISCOUNT}, SB3's default")
+        if self.seed_steps is None:
+            self.seed_steps = UNKNOWN_LENGTH_SEED_STEPS
+            taken.append(f"seed_steps (learning_starts) = {UNKNOWN_LENGTH_SEED_STEPS}, the reference's least")
+        warnings.warn(
+            "TD-MPC2 sets its discount and seed_steps from the episode length, and this env does not "
+            "state it (no TimeLimit, spec max_episode_steps or dm_control step limit found): it takes "
+            f"{' and '.join(taken)}. Pass episode_length=<simulator steps per episode> for the "
+            "reference's values (or gamma= and learning_starts= to choose them).",
+            stacklevel=2,
+        )
 
     @property
     def _seed_steps(self) -> int:
