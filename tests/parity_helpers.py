@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import json
+import lzma
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +92,122 @@ def dreamerv3_update_record(before: Any, after: Any, metrics: Any, latents: Any,
     }
 
 
-def load_npz(path: Path) -> dict[str, np.ndarray]:
-    """Every array of a recorded ``.npz`` (no pickles)."""
+# ------------------------------------------------------------------------------------------------
+# Packed fixtures (tools/pack_fixtures.py writes them; tests/fixtures/README.md describes the format)
+# ------------------------------------------------------------------------------------------------
+
+PACKED_FORMAT = 1
+"""Version of the packed layout that :func:`load_fixture` reads."""
+
+
+def load_fixture(path: Path | str) -> dict[str, np.ndarray]:
+    """Every array of a fixture ``.npz`` as recorded, bit for bit: name → fresh numpy array.
+
+    A plain archive is read as it is; a packed one (entries ``__layout__`` and ``__data__``) is
+    decoded. Nothing is unpickled.
+    """
+    return {name: array.copy() for name, array in _decoded(str(Path(path).resolve())).items()}
+
+
+@functools.cache
+def _decoded(path: str) -> dict[str, np.ndarray]:
+    """The arrays of one fixture file, decoded once per process and read-only (shared by copies)."""
     with np.load(path, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
+        if "__layout__" not in data.files:
+            arrays = {name: data[name] for name in data.files}
+        else:
+            layout = json.loads(str(data["__layout__"]))
+            if layout.get("format") != PACKED_FORMAT:
+                raise ValueError(
+                    f"{path}: packed format {layout.get('format')!r}, this loader reads {PACKED_FORMAT}; "
+                    "rebuild it with tools/pack_fixtures.py"
+                )
+            stream = lzma.decompress(data["__data__"].tobytes())
+            arrays = _unpack(Path(path), layout["arrays"], stream)
+    for array in arrays.values():
+        array.setflags(write=False)
+    return arrays
+
+
+def _unpack(path: Path, entries: list[dict[str, Any]], stream: bytes) -> dict[str, np.ndarray]:
+    """Rebuild each array from its stored elements, its copies of earlier arrays and its base."""
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+
+    def source(file: str | None, key: str) -> np.ndarray:
+        found = arrays[key] if file is None else _decoded(str((path.parent / file).resolve()))[key]
+        return found.reshape(-1)
+
+    for entry in entries:
+        dtype, shape = np.dtype(entry["dtype"]), tuple(entry["shape"])
+        size = int(np.prod(shape, dtype=np.int64))
+        flat = np.empty(size, dtype)
+        stored = np.ones(size, bool)
+        copies = entry.get("copies", [])
+        for start, length, file, key, source_start, *mode in copies:
+            if not mode:  # an exact copy; otherwise the stored elements are steps from the source
+                flat[start : start + length] = source(file, key)[source_start : source_start + length]
+                stored[start : start + length] = False
+        count = int(stored.sum())
+        nbytes = count * dtype.itemsize
+        flat[stored] = unshuffle(stream[offset : offset + nbytes], dtype, count)
+        offset += nbytes
+        for start, length, file, key, source_start, *mode in copies:
+            if mode:
+                near = source(file, key)[source_start : source_start + length]
+                flat[start : start + length] = add_residual(near, flat[start : start + length], mode[0])
+        if "base" in entry:
+            file, key, mode = entry["base"]
+            flat = add_residual(source(file, key), flat, mode)
+        arrays[entry["name"]] = flat.reshape(shape)
+    if offset != len(stream):
+        raise ValueError(f"{path}: {len(stream) - offset} bytes left after the last array")
+    return arrays
+
+
+def shuffle(values: np.ndarray) -> bytes:
+    """The bytes of ``values`` plane by plane (every element's first byte, then every second ...)."""
+    flat = np.ascontiguousarray(values).reshape(-1)
+    return np.ascontiguousarray(flat.view(np.uint8).reshape(flat.size, flat.dtype.itemsize).T).tobytes()
+
+
+def unshuffle(data: bytes, dtype: np.dtype, count: int) -> np.ndarray:
+    """Inverse of :func:`shuffle`: ``count`` elements of ``dtype``."""
+    planes = np.frombuffer(data, np.uint8).reshape(dtype.itemsize, count)
+    return np.ascontiguousarray(planes.T).view(dtype).reshape(count)
+
+
+def _unsigned(dtype: np.dtype) -> Any:
+    """The unsigned integer type of ``dtype``'s width (4 or 8 bytes)."""
+    return {4: np.uint32, 8: np.uint64}[dtype.itemsize]
+
+
+def ordered_bits(values: np.ndarray) -> np.ndarray:
+    """Float bits mapped to unsigned integers in the floats' order (a bijection on bit patterns)."""
+    unsigned = _unsigned(values.dtype)
+    bits = values.view(unsigned)
+    sign = unsigned(1) << unsigned(8 * values.dtype.itemsize - 1)
+    return np.where(bits & sign, ~bits, bits | sign)
+
+
+def from_ordered_bits(ordered: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Inverse of :func:`ordered_bits`."""
+    unsigned = _unsigned(dtype)
+    sign = unsigned(1) << unsigned(8 * dtype.itemsize - 1)
+    return np.where(ordered & sign, ordered & ~sign, ~ordered).astype(unsigned).view(dtype)
+
+
+def add_residual(base: np.ndarray, residual: np.ndarray, mode: str) -> np.ndarray:
+    """``base`` moved by ``residual``: ``"sub"`` adds in the array's dtype (stored only where that
+    is exact), ``"ord"`` adds a zigzag-coded count of representable steps (always exact)."""
+    if mode == "sub":
+        return (base + residual).astype(base.dtype)
+    if mode != "ord":
+        raise ValueError(f"unknown residual mode {mode!r}")
+    unsigned = _unsigned(base.dtype)
+    zigzag = residual.view(unsigned)
+    steps = (zigzag >> unsigned(1)) ^ (unsigned(0) - (zigzag & unsigned(1)))
+    return from_ordered_bits(ordered_bits(base) + steps, base.dtype)
 
 
 def close(actual: Any, expected: Any, rtol: float = 1e-5, atol: float = 1e-6, err: str = "") -> None:

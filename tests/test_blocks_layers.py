@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from sb3_worldmodels import blocks as B
+from tests.parity_helpers import load_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -112,8 +113,7 @@ def test_init_from_one_draw_cuts_the_kernels_in_order_from_one_draw() -> None:
 
 def test_initialiser_agrees_with_reference_initial_parameters() -> None:
     """The reference's own init (fixture) has std outscale/sqrt(fan_in) and the same truncation."""
-    with np.load(FIXTURES / "dreamerv3" / "agent1m_params_init.npz") as f:
-        ref = dict(f)
+    ref = load_fixture(FIXTURES / "dreamerv3" / "agent1m_params_init.npz")
     cases = {  # name: (outscale, fan_in)
         "agent/actor/h0/kernel": (1.0, 640),
         "agent/dyn/dyn0/kernel": (1.0, 8 * 256),
@@ -139,8 +139,7 @@ def test_initialiser_agrees_with_reference_initial_parameters() -> None:
 
 
 def test_rmsnorm_matches_fixture() -> None:
-    with np.load(FIXTURES / "dreamerv3" / "rmsnorm.npz") as f:
-        fx = dict(f)
+    fx = load_fixture(FIXTURES / "dreamerv3" / "rmsnorm.npz")
     assert float(fx["eps"]) == pytest.approx(1e-4)
     module = B.RMSNorm()
     assert param_shapes(module, fx["x"]) == {"params": {"scale": (8,)}}
@@ -154,8 +153,7 @@ def test_rmsnorm_matches_fixture() -> None:
 
 
 def test_simnorm_matches_fixture_and_sums_to_one() -> None:
-    with np.load(FIXTURES / "tdmpc2" / "math.npz") as f:
-        fx = dict(f)
+    fx = load_fixture(FIXTURES / "tdmpc2" / "math.npz")
     simnorm = jax.jit(B.simnorm, static_argnames="dim")
     for key in ("2d", "512", "3d"):
         x = fx[f"simnorm_{key}_x"]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from sb3_worldmodels import blocks as B
+from tests.parity_helpers import load_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EPS32 = float(np.finfo(np.float32).eps)
@@ -84,13 +85,11 @@ def f32(x: object) -> np.ndarray:
 
 
 def dv3(name: str) -> dict[str, np.ndarray]:
-    with np.load(FIXTURES / "dreamerv3" / f"{name}.npz") as f:
-        return dict(f)
+    return load_fixture(FIXTURES / "dreamerv3" / f"{name}.npz")
 
 
 def tdm() -> dict[str, np.ndarray]:
-    with np.load(FIXTURES / "tdmpc2" / "math.npz") as f:
-        return dict(f)
+    return load_fixture(FIXTURES / "tdmpc2" / "math.npz")
 
 
 # --------------------------------------------------------------------------------------------

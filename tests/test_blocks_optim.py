@@ -10,14 +10,14 @@ import numpy as np
 import optax
 
 from sb3_worldmodels import blocks as B
+from tests.parity_helpers import load_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = ("kernel", "bias", "scale")
 
 
 def load() -> dict[str, np.ndarray]:
-    with np.load(FIXTURES / "dreamerv3" / "optimizer.npz") as f:
-        return dict(f)
+    return load_fixture(FIXTURES / "dreamerv3" / "optimizer.npz")
 
 
 def tree(fx: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:

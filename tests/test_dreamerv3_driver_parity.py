@@ -35,6 +35,7 @@ from sb3_worldmodels.common.schedule import RatioSchedule
 from sb3_worldmodels.dreamerv3 import agent as core
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS
 from sb3_worldmodels.dreamerv3.reference_weights import ref_to_path, unflatten
+from tests.parity_helpers import load_fixture
 from tests.probe_envs import DriverScriptEnv
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dreamerv3"
@@ -45,8 +46,7 @@ FIELDS = ("vector", "action", "reward", "is_first", "is_last", "is_terminal")
 
 
 def load(name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    with np.load(FIXTURES / f"driver_{name}.npz") as f:
-        arrays = {k: f[k] for k in f.files}
+    arrays = load_fixture(FIXTURES / f"driver_{name}.npz")
     return arrays, json.loads((FIXTURES / f"driver_{name}.json").read_text())
 
 
@@ -139,8 +139,7 @@ def run_ours(
     model = DreamerV3("MlpPolicy", vec, seed=0, train_fill=train_fill, **settings)
     assert model._config.batch_length + 1 == WINDOW and model._config.batch_size == 2
     # The reference's initial policy parameters (enc, dyn, actor); the rest keeps our init.
-    with np.load(FIXTURES / "driver_params_init.npz") as f:
-        flat = {ref_to_path(k)[1]: f[k] for k in f.files}
+    flat = {ref_to_path(k)[1]: v for k, v in load_fixture(FIXTURES / "driver_params_init.npz").items()}
     policy_tree = unflatten(flat)
     agent = model.policy.state["agent"]
     params = dict(agent.params)

@@ -70,7 +70,7 @@ from sb3_worldmodels.dreamerv3.reference_weights import (
 )
 from tests.parity_helpers import DREAMERV3_METRICS as METRICS
 from tests.parity_helpers import DREAMERV3_TERMS as TERMS
-from tests.parity_helpers import assert_close, dreamerv3_update_record
+from tests.parity_helpers import assert_close, dreamerv3_update_record, load_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dreamerv3"
 REF_JIT_ZERO_LOGITS_MEAN = np.float32(-0.1644754)
@@ -91,8 +91,7 @@ AGENTS = {
 
 
 def load(name: str) -> dict[str, np.ndarray]:
-    with np.load(FIXTURES / f"{name}.npz") as data:
-        return {k: data[k] for k in data.files}
+    return load_fixture(FIXTURES / f"{name}.npz")
 
 
 def config_for(agent: str) -> DreamerV3Config:

@@ -63,7 +63,7 @@ from sb3_worldmodels.dreamerv3.reference_weights import (
 )
 from tests.parity_helpers import DREAMERV3_METRICS as METRICS
 from tests.parity_helpers import DREAMERV3_TERMS as TERMS
-from tests.parity_helpers import assert_close, dreamerv3_update_record
+from tests.parity_helpers import assert_close, dreamerv3_update_record, load_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dreamerv3"
 PREFIX = "agent1m_trained_"
@@ -98,8 +98,7 @@ NU_RTOL, MU_RTOL, MOMENT_TOL = 2e-3, 1e-2, 2e-3
 
 
 def load(name: str) -> dict[str, np.ndarray]:
-    with np.load(FIXTURES / f"{PREFIX}{name}.npz") as data:
-        return {k: data[k] for k in data.files}
+    return load_fixture(FIXTURES / f"{PREFIX}{name}.npz")
 
 
 CONFIG: DreamerV3Config = preset("1m", obs_dim=4, action_dim=2, discrete=True, batch_size=2, batch_length=8)

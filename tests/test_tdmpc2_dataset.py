@@ -17,6 +17,7 @@ from sb3_worldmodels import TDMPC2, TaskPool, export_episodes, load_pool, pool_t
 from sb3_worldmodels.blocks.episodes import discount_from_episode_length
 from sb3_worldmodels.data.reference import pool_reference_data, read_reference_chunk
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS
+from tests.parity_helpers import load_fixture
 
 HORIZON = 3  # TDMPC2's default: windows of 4 entries
 LENGTHS = (6, 9, 12)  # CountingEnv's episode lengths, in turn
@@ -371,8 +372,8 @@ REFERENCE_TASKS = {"reach": (3, 1, 500), "push": (4, 2, 100)}  # task ids 0 and 
 
 
 def recorded_chunk(i: int) -> dict[str, np.ndarray]:
-    with np.load(REFERENCE_DATA / "expected.npz") as recorded:
-        return {key: recorded[f"chunk_{i}/{key}"] for key in ("obs", "action", "reward", "task")}
+    recorded = load_fixture(REFERENCE_DATA / "expected.npz")
+    return {key: recorded[f"chunk_{i}/{key}"] for key in ("obs", "action", "reward", "task")}
 
 
 @pytest.mark.parametrize("i", [0, 1])

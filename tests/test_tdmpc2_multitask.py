@@ -21,7 +21,7 @@ from tests.parity_helpers import (  # noqa: F401 (highest_precision: a fixture)
     close,
     close_mostly,
     highest_precision,
-    load_npz,
+    load_fixture,
     tdmpc2_plan_noise,
     tdmpc2_start_state,
     tdmpc2_update_noise,
@@ -41,7 +41,7 @@ CONFIG = preset(
 
 
 def load(name: str) -> dict[str, np.ndarray]:
-    return load_npz(FIX / name)
+    return load_fixture(FIX / name)
 
 
 def start_state_dict() -> dict[str, np.ndarray]:

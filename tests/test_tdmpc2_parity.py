@@ -21,7 +21,7 @@ from tests.parity_helpers import (  # noqa: F401 (highest_precision: a fixture)
     close,
     close_mostly,
     highest_precision,
-    load_npz,
+    load_fixture,
     tdmpc2_plan_noise,
     tdmpc2_start_state,
     tdmpc2_update_noise,
@@ -34,7 +34,7 @@ EPISODIC = CONFIG.replace(episodic=True)
 
 
 def load(name: str) -> dict[str, np.ndarray]:
-    return load_npz(FIX / name)
+    return load_fixture(FIX / name)
 
 
 def rerandomised(episodic: bool = False) -> tuple[dict, dict]:

@@ -25,7 +25,7 @@ from tests.parity_helpers import (  # noqa: F401 (highest_precision: a fixture)
     close,
     close_mostly,
     highest_precision,
-    load_npz,
+    load_fixture,
     tdmpc2_start_state,
 )
 
@@ -35,7 +35,7 @@ FULL_MAX = 8192  # tensors up to this size are stored whole, larger ones at [::s
 
 
 def load(name: str) -> dict[str, np.ndarray]:
-    return load_npz(FIX / name)
+    return load_fixture(FIX / name)
 
 
 def meta(name: str) -> dict:

@@ -16,7 +16,7 @@ from tests.parity_helpers import (  # noqa: F401 (highest_precision: a fixture)
     TDMPC2_FIXTURES,
     assert_close,
     highest_precision,
-    load_npz,
+    load_fixture,
 )
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
@@ -35,7 +35,7 @@ LAYERS = {  # our sown intermediate -> recorded output of the reference's Sequen
 
 @pytest.fixture(scope="module")
 def rec() -> dict[str, np.ndarray]:
-    return load_npz(TDMPC2_FIXTURES / "pixel_encoder.npz")
+    return load_fixture(TDMPC2_FIXTURES / "pixel_encoder.npz")
 
 
 def params_from_reference(rec: dict, prefix: str = "") -> dict:
