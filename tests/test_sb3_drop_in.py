@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import warnings
 
+import jax
+import numpy as np
 import pytest
 from stable_baselines3.common.envs import IdentityEnvBox
 from stable_baselines3.common.vec_env import DummyVecEnv
@@ -75,3 +77,100 @@ def test_tdmpc2_learns_on_sb3s_identity_env():
     model.learn(40)
     assert model._n_updates == 20 + 19  # seed_steps updates in a row at step 20, then one per step
     assert model.replay_buffer.num_episodes >= 3
+
+
+# ------------------------------------------------------------------ policy_kwargs=dict(net_arch=...)
+WIDTH = {DreamerV3: "units", TDMPC2: "mlp_dim"}
+
+
+def sized(model_class, **kwargs):
+    """A tiny model on the identity env whose MLP width is left to ``kwargs`` (net_arch)."""
+    settings = {k: v for k, v in TINY[model_class].items() if k != WIDTH[model_class]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TD-MPC2's unknown episode length
+        return model_class("MlpPolicy", identity_env(), learning_starts=10, **{**settings, **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("model_class", "net_arch", "expected"),
+    [
+        (DreamerV3, [24, 24], {"units": 24, "actor_layers": 2, "critic_layers": 2}),
+        (
+            DreamerV3,
+            {"pi": [24], "vf": [24, 24, 24, 24]},
+            {"units": 24, "actor_layers": 1, "critic_layers": 4},
+        ),
+        (DreamerV3, {"pi": [24, 24], "qf": [24]}, {"units": 24, "actor_layers": 2, "critic_layers": 1}),
+        (TDMPC2, [24, 24], {"mlp_dim": 24}),
+        (TDMPC2, {"pi": [24, 24], "qf": [24, 24]}, {"mlp_dim": 24}),
+        (TDMPC2, {"pi": [24, 24], "qf": [24, 24], "vf": [24, 24]}, {"mlp_dim": 24}),
+    ],
+)
+def test_net_arch_sizes_the_agents_mlps(model_class, net_arch, expected):
+    model = sized(model_class, policy_kwargs={"net_arch": net_arch})
+    for field, value in expected.items():
+        assert getattr(model, field) == value and getattr(model._config, field) == value
+    assert model.policy_kwargs == {"net_arch": net_arch}
+    params = model.policy.state["agent"].params
+    depths = (
+        {"pi": 2}
+        if model_class is TDMPC2
+        else {"actor": expected["actor_layers"], "critic": expected["critic_layers"]}
+    )
+    for network, depth in depths.items():  # the weight matrices (in, 24) of the hidden layers
+        assert hidden_weights(params[network], 24) == depth
+
+
+def hidden_weights(tree, width: int) -> int:
+    """How many 2-d weight matrices of ``tree`` output ``width`` values (the hidden layers)."""
+    return sum(np.ndim(leaf) == 2 and np.shape(leaf)[-1] == width for leaf in jax.tree_util.tree_leaves(tree))
+
+
+@pytest.mark.parametrize(
+    ("model_class", "policy_kwargs", "words"),
+    [
+        (TDMPC2, {"net_arch": [24, 24, 24]}, "TD-MPC2's have 2, as the reference's"),
+        (DreamerV3, {"net_arch": [400, 300]}, "share one width: give equal widths, e.g. \\[400, 400\\]"),
+        (DreamerV3, {"net_arch": {"pi": [32, 32], "qf": [64, 64]}}, "one width \\(units\\) sizes every MLP"),
+        (TDMPC2, {"net_arch": {"pi": [32, 32]}}, "leaves out the critic"),
+        (DreamerV3, {"net_arch": {"pi": [32], "qf": [32], "vf": [32, 32]}}, "one critic"),
+        (DreamerV3, {"net_arch": {"pi": [32], "value": [32]}}, "name no network"),
+        (TDMPC2, {"net_arch": []}, "no hidden layer"),
+        (TDMPC2, {"net_arch": [64.0, 64.0]}, "positive integer widths"),
+        (TDMPC2, {"net_arch": [dict(pi=[64], vf=[64])]}, "a list of hidden widths"),
+        (DreamerV3, {"net_arch": [32], "activation_fn": "tanh"}, "only net_arch.*SiLU"),
+        (TDMPC2, {"n_critics": 2}, "only net_arch.*\\['n_critics'\\]"),
+    ],
+)
+def test_net_arch_that_cannot_be_mapped_is_refused_with_the_reason(model_class, policy_kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        sized(model_class, policy_kwargs=policy_kwargs)
+
+
+@pytest.mark.parametrize("model_class", MODEL_LIST)
+def test_net_arch_against_an_explicit_setting(model_class):
+    width = WIDTH[model_class]
+    with pytest.raises(ValueError, match=f"sets {width}=24, but {width}=32 was given too"):
+        sized(model_class, policy_kwargs={"net_arch": [24, 24]}, **{width: 32})
+    agreeing = sized(model_class, policy_kwargs={"net_arch": [24, 24]}, **{width: 24})
+    assert agreeing._config.__dict__[width] == 24
+    if model_class is DreamerV3:
+        with pytest.raises(ValueError, match="sets actor_layers=2, but actor_layers=5"):
+            sized(model_class, policy_kwargs={"net_arch": [24, 24]}, actor_layers=5)
+
+
+@pytest.mark.parametrize("model_class", MODEL_LIST)
+def test_a_model_built_with_net_arch_round_trips_save_and_load(model_class, tmp_path):
+    policy_kwargs = {"net_arch": [24, 24]}
+    model = sized(model_class, policy_kwargs=policy_kwargs)
+    model.learn(30)
+    observations = np.linspace(-10, 10, 6, dtype=np.float32)[:, None]
+    actions, _ = model.predict(observations, deterministic=True)
+    model.save(tmp_path / "model.zip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = model_class.load(tmp_path / "model.zip", env=identity_env(), policy_kwargs=policy_kwargs)
+    assert loaded._config == model._config and loaded.policy_kwargs == policy_kwargs
+    np.testing.assert_array_equal(loaded.predict(observations, deterministic=True)[0], actions)
+    with pytest.raises(ValueError, match="do not equal the stored policy kwargs"):
+        model_class.load(tmp_path / "model.zip", policy_kwargs={"net_arch": [32, 32]})

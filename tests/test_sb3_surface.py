@@ -60,7 +60,7 @@ def test_sb3_keywords_with_a_meaning_here_are_accepted():
         ("tdmpc2", {"ent_coef": "auto"}, "ent_coef: it is SAC's; the agent's entropy bonus is entropy_coef"),
         ("dreamerv3", {"target_update_interval": 100}, "DQN"),
         ("dreamerv3", {"policy_delay": 2}, "TD3"),
-        ("tdmpc2", {"policy_kwargs": {"net_arch": [64, 64]}}, "net_arch"),
+        ("tdmpc2", {"policy_kwargs": {"net_arch": [64, 64, 64]}}, "net_arch"),
         (
             "dreamerv3",
             {"replay_buffer_kwargs": {"handle_timeout_termination": False}},

@@ -16,6 +16,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from sb3_worldmodels.common.boundary import ActionAdapter, AgentObservation, ObservationAdapter
+    from sb3_worldmodels.common.net_arch import NetArchFields
 
 
 class AgentHooks(ABC):
@@ -51,6 +52,8 @@ class AgentHooks(ABC):
     """What the stateless-``predict`` warning says the agent loses."""
     nan_allowed_metrics: tuple[str, ...] = ()
     """Metric prefixes that are NaN by design (not refused as a non-finite update)."""
+    net_arch_fields: NetArchFields
+    """Where the config takes SB3's ``policy_kwargs=dict(net_arch=...)``."""
 
     # ------------------------------------------------------------------ the shell's attributes
     obs_adapter: ObservationAdapter

@@ -37,6 +37,7 @@ from sb3_worldmodels.common.boundary import (
 from sb3_worldmodels.common.callbacks import WorldModelCallback, walk_callbacks
 from sb3_worldmodels.common.checkpoints import FORMAT_VERSION, Checkpointing
 from sb3_worldmodels.common.collector import Collector
+from sb3_worldmodels.common.net_arch import net_arch_settings
 from sb3_worldmodels.common.policy import JaxPolicy
 from sb3_worldmodels.common.predict import (
     DETERMINISTIC_PREDICT_SEED,
@@ -128,8 +129,8 @@ class WorldModelAlgorithm(Checkpointing, Collector, Predictor, Trainer, OffPolic
             optimize_memory_usage=optimize_memory_usage,
             replay_buffer_class=replay_buffer_class,
             replay_buffer_kwargs=replay_buffer_kwargs,
-            policy_kwargs=policy_kwargs,
         )
+        hyperparameters = {**hyperparameters, **net_arch_settings(type(self), policy_kwargs, hyperparameters)}
         # The agent's hyperparameters (its config fields and model_size) are attributes, so that a
         # loaded model or rl_zoo3 can override them; the config is built from them.
         self.__dict__.update(hyperparameters)

@@ -95,7 +95,6 @@ def refuse_unsupported_options(
     optimize_memory_usage: bool,
     replay_buffer_class: Any,
     replay_buffer_kwargs: dict | None,
-    policy_kwargs: dict | None,
 ) -> None:
     """ValueError for a value of SB3's keywords that the agents cannot honour, naming the reason."""
     if n_envs is not None and (isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs < 1):
@@ -117,12 +116,6 @@ def refuse_unsupported_options(
     if replay_buffer_kwargs:
         raise ValueError(
             f"{agent_name} uses its own sequence replay: replay_buffer_kwargs has no meaning here."
-        )
-    if policy_kwargs:
-        raise ValueError(
-            f"{agent_name} does not take policy_kwargs ({sorted(policy_kwargs)}): its networks are "
-            "sized by the constructor's own arguments (model_size and the width settings of the "
-            "config), not by net_arch or activation_fn."
         )
 
 

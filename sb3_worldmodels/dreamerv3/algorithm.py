@@ -12,6 +12,7 @@ import numpy as np
 
 from sb3_worldmodels.common.base import WorldModelAlgorithm
 from sb3_worldmodels.common.boundary import AgentObservation, map_observation, observation_rows
+from sb3_worldmodels.common.net_arch import NetArchFields
 from sb3_worldmodels.common.predict import pad_rows, padded_rows
 from sb3_worldmodels.common.replay import SequenceReplay
 from sb3_worldmodels.common.sb3_keywords import refuse_foreign_keywords, take_sb3_alias
@@ -96,6 +97,13 @@ class DreamerV3(WorldModelAlgorithm):
     window_setting = "batch_length"
     stateless_predict_consequence = "is recurrent and forgets everything between such calls"
     nan_allowed_metrics = ("constats/", "rewstats/")  # NaN when a batch has no rare row (reference too)
+    net_arch_fields = NetArchFields(
+        width="units",
+        width_sizes="every MLP (encoder, decoder, reward and continue heads, actor and critic)",
+        actor_depth="actor_layers",
+        critic_depth="critic_layers",
+        own_choices="activations (SiLU after RMSNorm, nets.py@2411f7d) and optimiser (LaProp)",
+    )
 
     def __init__(
         self,

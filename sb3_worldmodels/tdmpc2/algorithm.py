@@ -15,6 +15,7 @@ from sb3_worldmodels.blocks.episodes import discount_from_episode_length
 from sb3_worldmodels.common.base import WorldModelAlgorithm
 from sb3_worldmodels.common.boundary import AgentObservation
 from sb3_worldmodels.common.episode_replay import EpisodeReplay
+from sb3_worldmodels.common.net_arch import NetArchFields
 from sb3_worldmodels.common.predict import pad_rows, padded_rows
 from sb3_worldmodels.common.sb3_keywords import refuse_foreign_keywords, take_sb3_alias
 from sb3_worldmodels.common.vec_env import vec_agent_steps_per_episode
@@ -104,6 +105,13 @@ class TDMPC2(WorldModelAlgorithm):
     replay_class = EpisodeReplay
     window_setting = "horizon"
     stateless_predict_consequence = "loses its plan (the warm start of the next one)"
+    # The dynamics, reward, policy and Q MLPs have 2 hidden layers of mlp_dim (world_model.py:24-31@b67b21c).
+    net_arch_fields = NetArchFields(
+        width="mlp_dim",
+        width_sizes="the dynamics, reward, policy and Q networks",
+        fixed_depth=2,
+        own_choices="activations (Mish after LayerNorm, layers.py@b67b21c) and optimiser (Adam)",
+    )
     renamed_state_leaves = {"state/['agent'].lr": "state/['agent'].learning_rate"}  # noqa: RUF012
     # Hyperparameters read by the shell (stored by the base class; every config field is one too).
     episode_length: int | None
