@@ -26,7 +26,8 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.utils import LinearSchedule
 
 from sb3_worldmodels import TDMPC2, DreamerV3
-from sb3_worldmodels.common.policy import flatten_state
+from sb3_worldmodels.common.policy import JaxPolicy, flatten_state
+from sb3_worldmodels.common.policy_file import ACTING_STATE
 from sb3_worldmodels.common.safe_io import UnsafeFileError
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
@@ -136,13 +137,10 @@ def test_a_payload_in_a_tensor_part_does_not_run(trained, tmp_path, part):
     cls, path, _, model = trained
     marker = tmp_path / "ran"
     bad = rewrite(path, tmp_path / "bad.zip", **{part.replace(".", "__"): tensor_file(Payload(marker))})
-    if part == "policy.pth":
-        with pytest.raises(ValueError, match="other than tensors"):
-            cls.load(bad)
-        with pytest.raises(ValueError, match="other than tensors"):
-            model.set_parameters(str(bad))
-    else:
-        cls.load(bad)  # the part holds no weights of ours: it is never read
+    with pytest.raises(ValueError, match="other than tensors"):
+        cls.load(bad)
+    with pytest.raises(ValueError, match="other than tensors"):
+        model.set_parameters(str(bad))
     assert not marker.exists()
 
 
@@ -281,3 +279,33 @@ def test_a_replay_with_inconsistent_arrays_is_refused(trained, tmp_path):
     with pytest.raises(ValueError, match=f"not a consistent .*{field}"):
         loaded.load_replay_buffer(tmp_path / "short.npz")
     assert loaded.replay_buffer is None
+
+
+def test_a_policy_file_acts_as_its_model_and_never_runs_code(trained, tmp_path):
+    _, checkpoint, _, model = trained
+    model.policy.save(tmp_path / "policy.zip")
+    parts = members(tmp_path / "policy.zip")
+    weights = th.load(io.BytesIO(parts["policy.pth"]), weights_only=True)
+    assert weights and all(key.startswith(ACTING_STATE) for key in weights)  # no optimiser state
+    assert set(json.loads(parts["data"])["attributes"]) >= {"observation_space", "action_space", "model_size"}
+    policy = JaxPolicy.load(tmp_path / "policy.zip")
+    obs = np.array([[0.0, 1.0], [0.5, 1.0], [1.0, 1.0]], np.float32)
+    expected, _ = model.predict(obs, deterministic=True)
+    np.testing.assert_array_equal(policy.predict(obs, deterministic=True)[0], expected)
+
+    marker = tmp_path / "ran"
+    data = json.loads(parts["data"])
+    data["attributes"]["observation_space"] = pickled_entry(Payload(marker))
+    pickled = rewrite(tmp_path / "policy.zip", tmp_path / "pickled.zip", data=json.dumps(data).encode())
+    with pytest.raises(UnsafeFileError, match="pickled"):
+        JaxPolicy.load(pickled)
+    in_weights = rewrite(
+        tmp_path / "policy.zip", tmp_path / "weights.zip", policy__pth=tensor_file(Payload(marker))
+    )
+    with pytest.raises(ValueError, match="other than tensors"):
+        JaxPolicy.load(in_weights)
+    assert not marker.exists()
+    with pytest.raises(
+        ValueError, match=r"not a policy file written by model.policy.save\(\) \(a model checkpoint"
+    ):
+        JaxPolicy.load(checkpoint)

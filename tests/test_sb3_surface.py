@@ -109,16 +109,19 @@ def test_set_parameters_partial_needs_exact_match_false(agent):
 
 
 @pytest.mark.parametrize("agent", list(AGENTS))
-def test_the_policy_object_predicts_and_says_how_to_save(agent, tmp_path):
+def test_the_policy_object_predicts_and_saves_alone(agent, tmp_path):
     model = build(agent)
     obs = np.array([[0.0, 1.0], [0.3, 1.0]], np.float32)
     action, state = model.policy.predict(obs, deterministic=True)
     expected, _ = model.predict(obs, deterministic=True)
     np.testing.assert_array_equal(action, expected)
-    with pytest.raises(NotImplementedError, match="model.save"):
-        model.policy.save(tmp_path / "policy.pth")
-    with pytest.raises(NotImplementedError, match=r"\.load\(path\)"):
-        JaxPolicy.load(tmp_path / "policy.pth")
+    model.policy.save(tmp_path / "policy.pth")  # written as named, as SB3's policy files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy.pth"]  # no temporary file left
+    loaded = JaxPolicy.load(tmp_path / "policy.pth")
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], expected)
+    assert loaded.state["agent"] is not model.policy.state["agent"]
+    with pytest.raises(RuntimeError, match="not attached to a model"):
+        JaxPolicy(model.observation_space, model.action_space).save(tmp_path / "alone.pth")
 
 
 def test_a_checkpoint_with_the_earlier_state_names_loads(tmp_path):

@@ -39,6 +39,7 @@ from sb3_worldmodels.common.checkpoints import FORMAT_VERSION, Checkpointing
 from sb3_worldmodels.common.collector import Collector
 from sb3_worldmodels.common.net_arch import net_arch_settings
 from sb3_worldmodels.common.policy import JaxPolicy
+from sb3_worldmodels.common.policy_file import PolicyFiles
 from sb3_worldmodels.common.predict import (
     DETERMINISTIC_PREDICT_SEED,
     STATE_FIX,
@@ -59,7 +60,7 @@ from sb3_worldmodels.common.sb3_keywords import (
 from sb3_worldmodels.common.training import NonFiniteUpdateError, Trainer
 
 
-class WorldModelAlgorithm(Checkpointing, Collector, Predictor, Trainer, OffPolicyAlgorithm):
+class WorldModelAlgorithm(Checkpointing, PolicyFiles, Collector, Predictor, Trainer, OffPolicyAlgorithm):
     """Base class of the online JAX world-model agents (see the module docstring); a subclass
     fulfils :class:`~sb3_worldmodels.common.agent_hooks.AgentHooks`."""
 
@@ -191,6 +192,7 @@ class WorldModelAlgorithm(Checkpointing, Collector, Predictor, Trainer, OffPolic
         self._config = self.config
         self.policy.state = self._build_state()
         self.policy.algorithm_predict = self.predict
+        self.policy.policy_file_contents = self._policy_file_contents
         # SB3 code reads ``model.gamma`` (e.g. for n-step returns or logging): the agent's own discount.
         self.gamma = float(self._config.gamma)
         self._convert_train_freq()

@@ -2,7 +2,9 @@
 
 A checkpoint is SB3's zip layout: ``data`` (the model's attributes as plain JSON,
 :mod:`~sb3_worldmodels.common.safe_io`), ``policy.pth`` (the state pytree as a flat dict of CPU
-tensors keyed by its paths), ``pytorch_variables.pth`` (empty), SB3's version and the system info.
+tensors keyed by its paths: the float leaves, what ``policy.state_dict()`` and ``get_parameters``
+give), ``pytorch_variables.pth`` (the state's other leaves, PRNG keys and counters, keyed alike),
+SB3's version and the system info.
 It is written atomically (:func:`~sb3_worldmodels.common.safe_io.write_atomically`) and read without
 unpickling anything. :class:`Checkpointing` gives an SB3 algorithm ``save``/``load`` and the parameter
 API over this format; the algorithm builds itself from the decoded attributes in ``_from_checkpoint``.
@@ -84,12 +86,12 @@ def _check_dtype(key: str, value: np.ndarray, dtype: np.dtype, what: str) -> Non
         )
 
 
-def state_to_tensors(state: Any, floats_only: bool = False) -> dict[str, th.Tensor]:
-    """Every leaf of ``state`` as a CPU tensor keyed ``state/<path>``; ``floats_only``: the float
-    leaves alone (weights, optimiser moments, statistics), without PRNG keys and counters."""
+def state_to_tensors(state: Any, floats: bool = True) -> dict[str, th.Tensor]:
+    """The leaves of ``state`` as CPU tensors keyed ``state/<path>``: with ``floats`` the float leaves
+    (weights, optimiser moments, statistics), otherwise the others (PRNG keys and counters)."""
     out = {}
     for key, value in flatten_state(state).items():
-        if floats_only and value.dtype.kind != "f":
+        if (value.dtype.kind == "f") != floats:
             continue
         if value.dtype.kind == "u":  # torch lacks general unsigned support: PRNG keys travel as int64
             value = value.astype(np.int64)
@@ -170,12 +172,27 @@ def read_checkpoint(
         print("== SAVED MODEL SYSTEM INFO ==")
         print(members.get("system_info.txt", b"(none)").decode(errors="replace"))
     data = safe_io.decode_attributes(header, what, custom_objects, trust_pickled_code)
-    params = {"policy": safe_io.load_tensors(members["policy.pth"], f"{what} (policy.pth)")}
-    return data, params
+    return data, {"policy": state_tensors(members, what)}
 
 
-def checkpoint_members(attributes: dict[str, Any], policy_tensors: dict[str, th.Tensor]) -> dict[str, bytes]:
-    """The zip members of a checkpoint; an attribute JSON cannot express is pickled, with a warning."""
+def state_tensors(members: dict[str, bytes], what: str) -> Any:
+    """The state's tensors of a checkpoint's zip ``members``: policy.pth's float leaves with
+    pytorch_variables.pth's keys and counters (which earlier files kept in policy.pth)."""
+    tensors = safe_io.load_tensors(members["policy.pth"], f"{what} (policy.pth)")
+    if "pytorch_variables.pth" not in members:
+        return tensors
+    variables = safe_io.load_tensors(members["pytorch_variables.pth"], f"{what} (pytorch_variables.pth)")
+    if not isinstance(tensors, dict) or not isinstance(variables, dict):
+        raise ValueError(f"{what}: policy.pth and pytorch_variables.pth must each hold a dict of tensors.")
+    return {**tensors, **variables}
+
+
+def checkpoint_members(
+    attributes: dict[str, Any], policy_tensors: dict[str, th.Tensor], variables: dict[str, th.Tensor]
+) -> dict[str, bytes]:
+    """The zip members of a checkpoint: ``policy_tensors`` (the state's float leaves) in policy.pth,
+    ``variables`` (its keys and counters) in pytorch_variables.pth; an attribute JSON cannot express is
+    pickled, with a warning."""
     text, pickled = safe_io.encode_attributes(attributes)
     if pickled:
         warnings.warn(
@@ -187,7 +204,7 @@ def checkpoint_members(attributes: dict[str, Any], policy_tensors: dict[str, th.
         )
     return {
         "data": text.encode(),
-        "pytorch_variables.pth": safe_io.tensors_to_bytes({}),
+        "pytorch_variables.pth": safe_io.tensors_to_bytes(variables),
         "policy.pth": safe_io.tensors_to_bytes(policy_tensors),
         "_stable_baselines3_version": sb3.__version__.encode(),
         "system_info.txt": get_system_info(print_info=False)[1].encode(),
@@ -212,7 +229,11 @@ class Checkpointing(BaseAlgorithm):
         An attribute JSON cannot express (a callable learning rate, a custom object) is pickled as SB3
         does, with a warning: loading it then needs ``custom_objects`` or ``trust_pickled_code=True``.
         """
-        members = checkpoint_members(self._checkpoint_attributes(exclude, include), self.policy.state_dict())
+        members = checkpoint_members(
+            self._checkpoint_attributes(exclude, include),
+            self.policy.state_dict(),
+            self.policy.keys_and_counters(),
+        )
         if not isinstance(path, (str, os.PathLike)):
             safe_io.write_zip(path, members)
             return
@@ -274,22 +295,19 @@ class Checkpointing(BaseAlgorithm):
         """SB3's parameter dict, ``{"policy": {name: float tensor}}``: weights, optimiser moments and
         statistics. PRNG keys and counters are left out (``set_parameters`` keeps the model's own);
         ``save`` stores them too."""
-        return {"policy": self.policy.state_dict(floats_only=True)}
+        return {"policy": self.policy.state_dict()}
 
     def set_parameters(self, load_path_or_dict: Any, exact_match: bool = True, device: str = "auto") -> None:  # type: ignore[override]
-        """SB3's ``set_parameters``; a checkpoint path is read without unpickling (only its weights).
+        """SB3's ``set_parameters``; a checkpoint path is read without unpickling (its state alone).
         ``exact_match=False`` accepts a part of the weights: the others keep their values."""
         if isinstance(load_path_or_dict, dict):
             params = {name: self._renamed_weights(tensors) for name, tensors in load_path_or_dict.items()}
             return super().set_parameters(params, exact_match=exact_match, device=device)
         what = safe_io.describe(load_path_or_dict, "the file")
         members = safe_io.read_zip(load_path_or_dict, what)
-        params = {
-            name[: -len(".pth")]: safe_io.load_tensors(blob, f"{what} ({name})")
-            for name, blob in members.items()
-            if name.endswith(".pth") and name != "pytorch_variables.pth"
-        }
-        return self.set_parameters(params, exact_match=exact_match, device=device)
+        if "policy.pth" not in members:
+            raise ValueError(f"{what} has no policy weights (no policy.pth in the zip).")
+        return self.set_parameters({"policy": state_tensors(members, what)}, exact_match, device)
 
     def _renamed_weights(self, tensors: Any) -> Any:
         """``tensors`` with the names of older releases' state leaves replaced by today's."""

@@ -24,15 +24,15 @@ from sb3_worldmodels.common.checkpoints import (
     state_to_tensors,
     tensors_to_arrays,
 )
+from sb3_worldmodels.common.policy_file import read_policy_file, write_policy_file
 
 
 class JaxPolicy(BasePolicy):
     """Holds the agent state pytree (``self.state``) for SB3's save/load and parameter API.
 
     It owns no torch parameters; ``state_dict``/``load_state_dict`` convert the pytree to and from
-    CPU tensors. ``predict`` is the algorithm's (RecurrentPPO's protocol: it carries a state). A policy
-    alone cannot be saved or loaded: its template state is built by the algorithm's configuration,
-    so ``model.save`` / ``Algo.load`` are the way.
+    CPU tensors. ``predict`` is the algorithm's (RecurrentPPO's protocol: it carries a state). ``save``
+    writes the policy alone (configuration, spaces, acting parameters), which ``load`` rebuilds.
     """
 
     def __init__(
@@ -46,6 +46,7 @@ class JaxPolicy(BasePolicy):
         self.state: Any = None
         self.training = False
         self.algorithm_predict: Callable[..., Any] | None = None  # set by the algorithm
+        self.policy_file_contents: Callable[[], tuple[str, dict, dict]] | None = None  # likewise
 
     def predict(self, observation, state=None, episode_start=None, deterministic: bool = False):
         """The algorithm's ``predict`` (same arguments and returns)."""
@@ -57,27 +58,39 @@ class JaxPolicy(BasePolicy):
         raise NotImplementedError("Use predict(): the agents carry a recurrent state.")
 
     def save(self, path: Any) -> None:
-        raise NotImplementedError(
-            "A world-model policy is saved with its model: model.save(path), then Algo.load(path) "
-            "(its state is shaped by the algorithm's configuration, which the policy alone lacks)."
-        )
+        """Save this policy alone, for deployment: its algorithm's name, configuration, spaces and
+        acting parameters, without replay or optimiser state (:mod:`~sb3_worldmodels.common.policy_file`),
+        written atomically to ``path`` as named; ``JaxPolicy.load(path)`` reads it back."""
+        if self.policy_file_contents is None:
+            raise RuntimeError(
+                "This policy is not attached to a model: save the model with model.save(path)."
+            )
+        write_policy_file(path, *self.policy_file_contents())
 
     @classmethod
     def load(cls, path: Any, device: Any = "auto") -> Any:
-        raise NotImplementedError(
-            "A world-model policy is loaded with its model: DreamerV3.load(path) or TDMPC2.load(path), "
-            "then model.policy."
-        )
+        """A policy saved by :meth:`save`, read without running code; its ``predict`` gives the saved
+        model's deterministic actions (its non-deterministic stream starts afresh from the seed)."""
+        algorithm, attributes, tensors = read_policy_file(path)
+        return algorithm._from_policy_file(attributes, tensors)
 
     def set_training_mode(self, mode: bool) -> None:
         self.training = mode
 
-    def state_dict(self, *args, floats_only: bool = False, **kwargs) -> dict[str, th.Tensor]:  # type: ignore[override]
-        """Every leaf of the state as a CPU tensor; ``floats_only``: the float leaves alone (weights,
-        optimiser moments, statistics), without PRNG keys and counters."""
+    def state_dict(self, *args, **kwargs) -> dict[str, th.Tensor]:  # type: ignore[override]
+        """The float leaves of the state as CPU tensors (weights, optimiser moments, statistics), as
+        torch's parameters are: ``th.rand_like`` and the like apply to each. The PRNG keys and counters
+        are :meth:`keys_and_counters`."""
         if self.state is None:
             return {}
-        return state_to_tensors(self.state, floats_only)
+        return state_to_tensors(self.state)
+
+    def keys_and_counters(self) -> dict[str, th.Tensor]:
+        """The state's other leaves (PRNG keys and counters) as int64 CPU tensors, keyed as
+        :meth:`state_dict`'s; a checkpoint stores them beside it."""
+        if self.state is None:
+            return {}
+        return state_to_tensors(self.state, floats=False)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """Replace the state's leaves by ``state_dict``'s, all checked first (a failure changes nothing).

@@ -437,7 +437,10 @@ class TDMPC2(WorldModelAlgorithm):
     # ------------------------------------------------------------------ training
     def _take_owed_updates(self) -> int:
         if self.replay_buffer.num_episodes == 0:  # updates wait for the first finished episode
-            if self._owed_updates and not getattr(self, "_warned_no_episode", False):
+            # Said once an episode runs past its stated length (or 1000 steps when unknown): an episode
+            # that is merely longer than the seed phase is no sign of an env that never ends.
+            overdue = self.replay_buffer.longest_running > (self.agent_episode_length or 1000)
+            if self._owed_updates and overdue and not getattr(self, "_warned_no_episode", False):
                 self._warned_no_episode = True
                 warnings.warn(
                     f"TD-MPC2 owes {self._owed_updates} updates but no episode has finished after "
