@@ -87,9 +87,54 @@ def _has_dm_control() -> bool:
     return True
 
 
+EXTENDED_FILES = {
+    "test_examples.py": "the examples run end to end, several learning",
+    "test_zoo.py": "rl_zoo3 subprocesses: train, enjoy, resume, Optuna",
+    "test_dreamerv3_probes.py": "probe environments learned to their known answers",
+    "test_dreamerv3_pixel_probe.py": "a pixel probe learned to its known answer",
+    "test_dreamerv3_images.py": "image and mixed observations through learn, save and resume",
+    "test_dreamerv3_parity_images.py": "the 64 x 64 image agent against the reference (compiles for minutes)",
+    "test_dreamerv3_parity_trained.py": "the trained reference state, several updates",
+    "test_dreamerv3_driver_parity.py": "the reference driver's replay and train-ratio record",
+    "test_tdmpc2_parity_trained.py": "trained reference states of sizes 1 and 5",
+    "test_tdmpc2_pixels_sb3.py": "TD-MPC2 learning from uint8 images",
+    "test_atari.py": "Atari envs through the agents",
+    "test_crafter.py": "Crafter envs through the agents",
+    "test_benchmarks_dmc.py": "a benchmark protocol end to end",
+}
+"""Test files of the second tier (marker ``extended``), with what makes them slow.
+
+The default run (``python -m pytest -q``, README's command) leaves them out to stay within minutes on
+two cores; CI (``.ci/run``) runs them right after it with ``python -m pytest -q -m extended``, so
+everything is still tested on every change."""
+
+EXTENDED_TESTS = {
+    "test_docs.py::test_page_code_runs": "every documentation page's code, run",
+    "test_dreamerv3_sb3.py::test_callbacks_eval_checkpoint_progress_tensorboard": "SB3 callbacks in a run",
+    "test_dreamerv3_sb3.py::test_subproc_and_dict_observations": "subprocess envs",
+    "test_tdmpc2_multitask.py::test_offline_training_on_a_pool_of_two_tasks_fits_each_tasks_rewards": "learn",
+    "test_tdmpc2_multitask.py::test_a_single_task_agent_from_a_multitask_model_learns_online_and_saves": "",
+    "test_tdmpc2_sb3.py::test_probe_learns_the_rewarding_action": "learns a probe",
+    "test_compat.py::test_vec_frame_stack": "stacked frames through learn",
+    "test_envs.py::test_headless_rendering_is_chosen_without_a_display_and_a_missing_renderer_says_how": (
+        "renderer subprocesses"
+    ),
+}
+"""Single tests of the second tier (by ``file::function``, every parametrisation)."""
+
+
+def _is_extended(item: pytest.Item) -> bool:
+    name = getattr(item, "originalname", item.name)
+    return item.path.name in EXTENDED_FILES or f"{item.path.name}::{name}" in EXTENDED_TESTS
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Without the ``dmc`` extra (Python 3.13 has no dm_control wheel), skip the tests that build
-    dm_control tasks (their code names them) instead of failing them."""
+    """Mark the second tier; without the ``dmc`` extra (Python 3.13 has no dm_control wheel), skip the
+    tests that build dm_control tasks (their code names them) instead of failing them."""
+    for item in items:
+        if _is_extended(item):
+            item.add_marker(pytest.mark.extended)
     if _has_dm_control():
         return
     import inspect
