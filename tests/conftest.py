@@ -112,8 +112,12 @@ EXTENDED_TESTS = {
     "test_docs.py::test_page_code_runs": "every documentation page's code, run",
     "test_dreamerv3_sb3.py::test_callbacks_eval_checkpoint_progress_tensorboard": "SB3 callbacks in a run",
     "test_dreamerv3_sb3.py::test_subproc_and_dict_observations": "subprocess envs",
-    "test_tdmpc2_multitask.py::test_offline_training_on_a_pool_of_two_tasks_fits_each_tasks_rewards": "learn",
-    "test_tdmpc2_multitask.py::test_a_single_task_agent_from_a_multitask_model_learns_online_and_saves": "",
+    "test_tdmpc2_multitask.py::test_offline_training_on_a_pool_of_two_tasks_fits_each_tasks_rewards": (
+        "offline training until it fits"
+    ),
+    "test_tdmpc2_multitask.py::test_a_single_task_agent_from_a_multitask_model_learns_online_and_saves": (
+        "online learning after offline training"
+    ),
     "test_tdmpc2_sb3.py::test_probe_learns_the_rewarding_action": "learns a probe",
     "test_compat.py::test_vec_frame_stack": "stacked frames through learn",
     "test_envs.py::test_headless_rendering_is_chosen_without_a_display_and_a_missing_renderer_says_how": (
