@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import platform
 import resource
@@ -49,7 +50,8 @@ def build(
     core = importlib.import_module(f"{impl}.tdmpc2.agent")
     preset = importlib.import_module(f"{impl}.tdmpc2.config").preset
     options = importlib.import_module(f"{impl}.blocks.jit").COMPILER_OPTIONS
-    act_jit = jax.jit(core.act, static_argnames=("config", "eval_mode"), compiler_options=options)
+    flag = "deterministic" if "deterministic" in inspect.signature(core.act).parameters else "eval_mode"
+    act_jit = jax.jit(core.act, static_argnames=("config", flag), compiler_options=options)
     train_many_jit = jax.jit(core.train_many, static_argnames=("config",), compiler_options=options)
     config = preset(size, obs_dim=obs_dim, action_dim=action_dim, discount=0.975)
     if pixels:

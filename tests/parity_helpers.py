@@ -36,7 +36,7 @@ def tdmpc2_start_state(config: Any, params: dict, target: dict, scale: float = 1
 
     from sb3_worldmodels.tdmpc2 import agent as core
 
-    state = core.with_params(core.init_state(config, jax.random.PRNGKey(0)), params, target)
+    state = core.with_params(config, core.init_state(config, jax.random.PRNGKey(0)), params, target)
     return state._replace(scale=state.scale._replace(value=jnp.asarray(scale, jnp.float32)))
 
 

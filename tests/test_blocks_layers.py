@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from sb3_worldmodels import blocks as B
+from sb3_worldmodels.blocks import layers as L
 from tests.parity_helpers import load_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -262,8 +263,44 @@ def test_normed_dense_and_mlp_math() -> None:
     )
 
 
-def test_layer_norm_uses_torch_epsilon() -> None:
-    assert B.layer_norm().epsilon == 1e-5
+def test_layer_norm_is_pytorchs() -> None:
+    """LayerNorm: (x − mean) / sqrt(biased var + 1e-5) · scale + bias, alone and before Mish or SimNorm."""
+    x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32) * 3.0
+    p = random_params(B.NormedDense(8, act="none", norm="layer"), x)["params"]
+    y = x @ p["kernel"] + p["bias"]
+    u = (y - y.mean(-1, keepdims=True)) / np.sqrt(y.var(-1, keepdims=True) + 1e-5)
+    u = u * p["norm"]["scale"] + p["norm"]["bias"]
+    for act, expected in (
+        ("none", u),
+        ("mish", u * np.tanh(np.log1p(np.exp(u)))),
+        ("simnorm", B.simnorm(jnp.asarray(u), 2)),
+    ):
+        layer = B.NormedDense(8, act=act, norm="layer", simnorm_dim=2)
+        np.testing.assert_allclose(jax.jit(layer.apply)({"params": p}, x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_layer_norm_mish_backward_equals_autodiff_of_the_plain_formulas():
+    """The hand-written backward pass of LayerNorm → Mish against autodiff of x·tanh(softplus(x)) after
+    the textbook LayerNorm, on inputs that reach Mish's flat tail and its pass-through above 20."""
+    rng = np.random.default_rng(0)
+    y = jnp.asarray(rng.normal(size=(6, 5, 16)) * rng.choice([0.01, 1.0, 30.0], size=(6, 5, 1)), jnp.float32)
+    scale = jnp.asarray(rng.normal(size=16) * 8.0, jnp.float32)
+    bias = jnp.asarray(rng.normal(size=16) * 4.0, jnp.float32)
+    cotangent = jnp.asarray(rng.normal(size=y.shape), jnp.float32)
+
+    def plain(y, scale, bias):
+        mean = jnp.mean(y, -1, keepdims=True)
+        var = jnp.var(y, -1, keepdims=True)
+        u = (y - mean) / jnp.sqrt(var + 1e-5) * scale + bias
+        return u * jnp.tanh(jax.nn.softplus(u))
+
+    u = np.asarray(L.layer_norm(y, scale, bias))
+    assert (u > 20).any() and (u < -8).any()  # both tails are exercised
+    out, vjp = jax.vjp(L.layer_norm_mish, y, scale, bias)
+    ref_out, ref_vjp = jax.vjp(plain, y, scale, bias)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+    for got, want in zip(vjp(cotangent), ref_vjp(cotangent), strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * float(np.abs(want).max()))
 
 
 # --------------------------------------------------------------------------------------------

@@ -269,7 +269,7 @@ def test_gradient_paths(trained: dict[str, Any]) -> None:
     agent.py:267-298,104-109@2411f7d);
     the replay critic loss also trains encoder and RSSM; the world-model losses never touch the actor."""
     config, state, batch = trained["config"], trained["state"], trained["batch"]
-    noise = A.sample_noise(config, jax.random.PRNGKey(3), B, T)
+    noise = A.sample_update_noise(config, jax.random.PRNGKey(3), B, T)
 
     def term_means(params: dict) -> jax.Array:
         _, aux = A.loss_fn(config, params, state.slow_critic, state.retnorm, batch, noise)

@@ -7,7 +7,7 @@ AGC), optimiser moment, slow-critic value and normaliser statistic is compared.
 
 How the comparison is made exact:
 
-- Randomness. The update draws every sample from a :class:`~sb3_worldmodels.dreamerv3.agent.Noise`
+- Randomness. The update draws every sample from a :class:`~sb3_worldmodels.dreamerv3.agent.UpdateNoise`
   pytree (Gumbel-max for categoricals, ε for the Normal actor). The recorded one-hot samples ``y`` of the
   fixture are replayed with Gumbel noise ``1e9·y`` (argmax then picks exactly ``y``) and the continuous
   actions with the recorded ε, so the production code runs unchanged; only the noise source differs.
@@ -133,7 +133,7 @@ def fixture_batch(data: dict[str, np.ndarray], config: DreamerV3Config) -> dict[
     }
 
 
-def recorded_noise(forward: dict[str, np.ndarray], config: DreamerV3Config) -> A.Noise:
+def recorded_noise(forward: dict[str, np.ndarray], config: DreamerV3Config) -> A.UpdateNoise:
     """The fixture's samples as injected noise (fixture README "Randomness")."""
     if config.discrete:
         actions = np.concatenate([forward["imag/start_action"][None], forward["imag/scan_action"]], 0)
@@ -142,7 +142,7 @@ def recorded_noise(forward: dict[str, np.ndarray], config: DreamerV3Config) -> A
         action_noise = np.concatenate(
             [forward["imag/start_action_noise"][None], forward["imag/scan_action_noise"]], 0
         )
-    return A.Noise(
+    return A.UpdateNoise(
         post=jnp.asarray(RECORDED * forward["obs/stoch"]),
         imag_stoch=jnp.asarray(RECORDED * forward["imag/scan_stoch"]),
         imag_action=jnp.asarray(action_noise),

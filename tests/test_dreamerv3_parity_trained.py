@@ -188,12 +188,12 @@ def batch_of(u: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
     }
 
 
-def noise_of(u: dict[str, np.ndarray], step: int) -> A.Noise:
+def noise_of(u: dict[str, np.ndarray], step: int) -> A.UpdateNoise:
     """The reference's samples of one update as injected noise (see the fixture README)."""
     p = f"step{step}/noise/"
     c, a = CONFIG.classes, CONFIG.action_dim
     actions = np.concatenate([u[p + "imag_start_action"][None], u[p + "imag_scan_action"]], 0)
-    return A.Noise(
+    return A.UpdateNoise(
         post=jnp.asarray(RECORDED * np.eye(c, dtype=np.float32)[u[p + "post_stoch"]]),
         imag_stoch=jnp.asarray(RECORDED * np.eye(c, dtype=np.float32)[u[p + "imag_scan_stoch"]]),
         imag_action=jnp.asarray(RECORDED * np.eye(a, dtype=np.float32)[actions]),

@@ -194,6 +194,10 @@ TDMPC2_OURS_ONLY = {
         "b67b21c's clipping behaviour (tdmpc2.py:180,232,267@b67b21c), not a config key there"
     ),
     "matmul_precision": "numerics switch; 'float32' is how the reference ran (float32 GEMMs)",
+    **dict.fromkeys(
+        ("beta1", "beta2", "eps", "pi_eps"),
+        "Adam's constants, not config keys there (torch.optim.Adam's defaults and eps=1e-5, tdmpc2.py:20-27)",
+    ),
     "action_dims": "multi-task only (the reference's action_dims, '???' for a single task)",
     "episode_lengths": "multi-task only (the reference's episode_lengths, '???' for a single task)",
 }

@@ -12,7 +12,6 @@ from gymnasium.wrappers import TimeLimit
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_worldmodels import TDMPC2, DreamerV3
-from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.policy import JaxPolicy
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
@@ -122,24 +121,3 @@ def test_the_policy_object_predicts_and_saves_alone(agent, tmp_path):
     assert loaded.state["agent"] is not model.policy.state["agent"]
     with pytest.raises(RuntimeError, match="not attached to a model"):
         JaxPolicy(model.observation_space, model.action_space).save(tmp_path / "alone.pth")
-
-
-def test_a_checkpoint_with_the_earlier_state_names_loads(tmp_path):
-    """TD-MPC2's state leaf ``lr`` is ``learning_rate`` now; a file that names it ``lr`` loads, acts the
-    same and keeps its rate (without the rename it would miss a float leaf)."""
-    model = build("tdmpc2")
-    model.learn(30)
-    model.save(tmp_path / "new.zip")
-    members = safe_io.read_zip(tmp_path / "new.zip", "new")
-    weights = safe_io.load_tensors(members["policy.pth"], "weights")
-    old_name = "state/['agent'].lr"
-    weights[old_name] = weights.pop("state/['agent'].learning_rate")
-    safe_io.write_zip(tmp_path / "old.zip", {**members, "policy.pth": safe_io.tensors_to_bytes(weights)})
-    loaded = TDMPC2.load(tmp_path / "old.zip")
-    obs = model.env.reset()
-    assert np.array_equal(
-        model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0]
-    )
-    assert float(loaded.policy.state["agent"].learning_rate) == float(
-        model.policy.state["agent"].learning_rate
-    )

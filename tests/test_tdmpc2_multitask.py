@@ -508,7 +508,7 @@ def recorded_multitask(tmp_path_factory):
     sources["b"] = _export_with_length(folder / "b.npz", rng, 5, 2, 100)
     model = TDMPC2MultiTask(pool_tasks(sources, folder / "pool"), 1, batch_size=8, task_dim=96, seed=0)
     assert model.config == CONFIG.replace(q_dropout=model.config.q_dropout)
-    state = core.with_params(model.state, *start_params())
+    state = core.with_params(model.config, model.state, *start_params())
     model.state = state._replace(scale=state.scale._replace(value=jnp.float32(2.5)))
     return model
 

@@ -60,18 +60,19 @@ def to_state_dict(params: dict, target: dict) -> dict[str, np.ndarray]:
         for i, layer in params.get(name, {}).items():
             sd[f"{prefix}.{i}.weight"] = np.asarray(layer["kernel"]).T
             sd[f"{prefix}.{i}.bias"] = np.asarray(layer["bias"])
-            if "ln_scale" in layer:
-                sd[f"{prefix}.{i}.ln.weight"] = np.asarray(layer["ln_scale"])
-                sd[f"{prefix}.{i}.ln.bias"] = np.asarray(layer["ln_bias"])
+            if "norm" in layer:
+                sd[f"{prefix}.{i}.ln.weight"] = np.asarray(layer["norm"]["scale"])
+                sd[f"{prefix}.{i}.ln.bias"] = np.asarray(layer["norm"]["bias"])
     for prefix, qs in (("_Qs", params["qs"]), ("_target_Qs", target)):
         j = 0
         for i in range(len(qs)):
             layer = qs[str(i)]
-            for key in ("kernel", "bias", "ln_scale", "ln_bias"):
-                if key in layer:
-                    value = np.asarray(layer[key])
-                    sd[f"{prefix}.params.{j}"] = np.swapaxes(value, 1, 2) if key == "kernel" else value
-                    j += 1
+            norm = layer.get("norm", {})
+            scale_bias = [("scale", norm["scale"]), ("bias", norm["bias"])] if norm else []
+            for key, value in (("kernel", layer["kernel"]), ("bias", layer["bias"]), *scale_bias):
+                value = np.asarray(value)
+                sd[f"{prefix}.params.{j}"] = np.swapaxes(value, 1, 2) if key == "kernel" else value
+                j += 1
     return sd
 
 

@@ -20,6 +20,7 @@ from stable_baselines3.common.monitor import Monitor
 
 from sb3_worldmodels import TDMPC2
 from sb3_worldmodels.blocks.images import SHIFT_PAD, shift_images
+from sb3_worldmodels.blocks.optim import get_learning_rate
 from sb3_worldmodels.data.episodes import export_episodes
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks as N
@@ -182,10 +183,11 @@ def test_every_encode_draws_its_own_shift(trained):
         "reward": jnp.asarray(batch["reward"][1:]),
     }
     wm, target_qs = core._wm_params(params), model.policy.state["agent"].target_qs
-    _, aux = jax.jit(functools.partial(core.world_model_loss, cfg))(wm, params["pi"], target_qs, batch, noise)
+    loss = jax.jit(functools.partial(core.world_model_loss, cfg))
+    _, tensors = loss(wm, params["pi"], target_qs, batch, noise)
     expected = N.encode(cfg, params, batch["obs"], shifts=noise.shifts)  # (H+1, B, L)
-    np.testing.assert_allclose(aux["zs"][0], expected[0], rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(aux["internals"]["next_z"], expected[1:], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(tensors["zs"][0], expected[0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(tensors["next_z"], expected[1:], rtol=1e-6, atol=1e-7)
 
 
 def test_the_encoder_learns_at_the_scaled_rate(trained):
@@ -194,7 +196,7 @@ def test_the_encoder_learns_at_the_scaled_rate(trained):
     model, _ = trained
     cfg = model._config
     state = model.policy.state["agent"]
-    fresh = core.with_params(state, state.params, state.target_qs)
+    fresh = core.with_params(cfg, state, state.params, state.target_qs)
     batch = model.replay_buffer.sample(cfg.batch_size, count=1)
     batch = {
         "obs": jnp.asarray(batch["obs"]),
@@ -203,7 +205,7 @@ def test_the_encoder_learns_at_the_scaled_rate(trained):
         "terminated": jnp.asarray(batch["terminated"][:, 1:]),
     }
     new, _ = core.train_many_jit(cfg, fresh, batch)  # the shapes learn() compiled
-    lr = float(state.learning_rate)
+    lr = float(get_learning_rate(state.wm_opt))
 
     def largest_move(name):
         before = jax.tree_util.tree_leaves(state.params[name])
@@ -224,7 +226,9 @@ def test_bad_inputs_are_refused_saying_why(trained):
         match=r"num_channels x 4 x 4 = 32 x 16 = 512.*latent_dim=16.*model_size=5.*"
         r"num_channels=latent_dim/16 \(= 1\).*latent_dim=num_channels x 16 \(= 512\)",
     ):
-        TDMPC2(dot_env(), **SMOKE_SETTINGS)
+        TDMPC2(dot_env(), **SMOKE_SETTINGS, num_channels=32)
+    with pytest.raises(ValueError, match=r"latent_dim=24 is not a multiple of 16.*num_channels x 4 x 4"):
+        TDMPC2(dot_env(), **{**SMOKE_SETTINGS, "latent_dim": 24})
     with pytest.raises(
         ValueError, match=r"84 x 84 pixels.*64 x 64.*layers.py:141@eece801.*ResizeObservation"
     ):
@@ -245,5 +249,9 @@ def test_bad_inputs_are_refused_saying_why(trained):
         preset(1, **FIELDS, obs_dim=0)
     assert preset(5, obs_dim=0, image_shape=[64, 64, 9]).image_shape == (64, 64, 9)  # 32 x 16 = 512
     assert preset(1, obs_dim=0, image_shape=(64, 64, 9), num_channels=8).latent_dim == 128
+    # without num_channels, the latent width gives it (docs/deviations.md T20)
+    assert preset(1, obs_dim=0, image_shape=(64, 64, 9)).num_channels == 8
+    assert preset(19, obs_dim=0, image_shape=(64, 64, 9)).num_channels == 48
+    assert preset(1, obs_dim=3).num_channels is None  # state observations have no pixel encoder
     with pytest.raises(ValueError, match="learns from images.*cannot be exported"):
         export_episodes(model, "unused.npz")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import gymnasium as gym
 import jax
@@ -14,9 +15,12 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_worldmodels import TDMPC2
+from sb3_worldmodels.blocks.optim import get_learning_rate
 from sb3_worldmodels.common.boundary import UnsupportedSpaceError
+from sb3_worldmodels.common.policy import flatten_state
 from sb3_worldmodels.tdmpc2 import agent as core
-from sb3_worldmodels.tdmpc2.config import preset
+from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS, preset
+from sb3_worldmodels.tdmpc2.upgrade import upgrade_state_leaves
 from tests.probe_envs import BanditEnv, ChainEnv, NaNEnv
 
 # One tiny configuration for the module, so the jitted functions compile once per env shape.
@@ -146,7 +150,7 @@ def test_no_recompilation_across_steps():
     scheduled = tiny(chain_vec(1, length=10), learning_rate=lambda progress: 1e-4 + 1e-3 * progress)
     scheduled.learn(40)
     assert (core.act_jit._cache_size(), core.train_many_jit._cache_size()) == sizes
-    used = float(scheduled.policy.state["agent"].learning_rate)
+    used = float(get_learning_rate(scheduled.policy.state["agent"].pi_opt))
     assert np.isclose(used, scheduled.lr_schedule(scheduled._current_progress_remaining), rtol=1e-6)
 
 
@@ -261,3 +265,56 @@ def test_predict_rollout_is_the_planners_value_and_takes_env_actions():
     np.testing.assert_allclose(single["reward"], out["reward"][0], rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="expected"):
         model.predict_rollout(obs, plan[:, :, :1].repeat(2, axis=2))
+
+
+CHECKPOINTS = Path(__file__).parent / "fixtures" / "checkpoints"
+
+
+def test_a_checkpoint_of_an_earlier_release_loads_acts_the_same_and_trains_on():
+    """A file saved at 3fadb7b (the learning rate one state leaf, Adam's moments the whole optimiser
+    state, LayerNorm parameters ln_scale/ln_bias; tests/fixtures/README.md) loads: it plans as it did
+    there, keeps its learning rate in both optimisers and its Adam moments, and learns on."""
+    old = CHECKPOINTS / "tdmpc2_before_optimiser_states.zip"
+    recorded = np.load(CHECKPOINTS / "tdmpc2_before_optimiser_states_predict.npz")
+    model = TDMPC2.load(old, env=make_vec_env(lambda: ChainEnv(length=10), n_envs=1))
+    action, (plan,) = model.predict(recorded["obs"], deterministic=True)
+    np.testing.assert_allclose(action, recorded["action"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(plan, recorded["plan"], rtol=1e-5, atol=1e-6)
+    state = model.policy.state["agent"]
+    for optimiser in (state.wm_opt, state.pi_opt):
+        assert float(get_learning_rate(optimiser)) == pytest.approx(1e-3)
+        adam_state = optimiser.inner_state[0]
+        assert int(optimiser.count) == int(adam_state.count) == int(state.updates) > 0
+        assert all(np.any(np.asarray(x) != 0) for x in jax.tree_util.tree_leaves(adam_state.nu))
+    before = int(state.updates)
+    with pytest.warns(UserWarning, match="replay buffer was not loaded"):
+        model.learn(12, reset_num_timesteps=False)  # an episode ends: updates resume
+    assert int(model.policy.state["agent"].updates) > before
+
+
+def test_upgrade_state_leaves_renames_only_the_earlier_names():
+    old = {
+        "state/['agent'].lr": 1.0,
+        "state/['agent'].wm_opt.count": 3,
+        "state/['agent'].wm_opt.mu['encoder']['0']['kernel']": 4.0,
+        "state/['agent'].pi_opt.nu['0']['bias']": 5.0,
+        "state/['agent'].params['pi']['0']['kernel']": 6.0,
+        "state/['agent'].params['pi']['0']['ln_scale']": 8.0,
+        "state/['agent'].pi_opt.mu['0']['ln_bias']": 9.0,
+        "state/['act_key']": 7,
+    }
+    assert upgrade_state_leaves(old, "state/['agent']") == {
+        "state/['agent'].wm_opt.hyperparams['learning_rate']": 1.0,
+        "state/['agent'].pi_opt.hyperparams['learning_rate']": 1.0,
+        "state/['agent'].wm_opt.inner_state[0].count": 3,
+        "state/['agent'].wm_opt.count": 3,
+        "state/['agent'].wm_opt.inner_state[0].mu['encoder']['0']['kernel']": 4.0,
+        "state/['agent'].pi_opt.inner_state[0].nu['0']['bias']": 5.0,
+        "state/['agent'].params['pi']['0']['kernel']": 6.0,
+        "state/['agent'].params['pi']['0']['norm']['scale']": 8.0,
+        "state/['agent'].pi_opt.inner_state[0].mu['0']['norm']['bias']": 9.0,
+        "state/['act_key']": 7,
+    }
+    config = preset(**SMOKE_SETTINGS, obs_dim=2, action_dim=1)
+    today = flatten_state({"agent": core.init_state(config, jax.random.PRNGKey(0))})
+    assert upgrade_state_leaves(today, "['agent']") == today

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import re
 import sys
@@ -53,9 +54,11 @@ def tdmpc2_programs(impl: str) -> dict[str, Lowered]:
         "terminated": jnp.zeros((1, h, b), jnp.float32),
     }
     act_args = (state.params, jnp.zeros((1, 3)), jnp.zeros((1, h, 1)), jnp.zeros((1,), bool))
+    # the flag's name in the copy compared (older copies call it eval_mode)
+    flag = "deterministic" if "deterministic" in inspect.signature(core.act).parameters else "eval_mode"
     return {
         "tdmpc2.train_many": core.train_many_jit.lower(config, state, batch),
-        "tdmpc2.act": core.act_jit.lower(config, *act_args, jax.random.PRNGKey(1), eval_mode=False),
+        "tdmpc2.act": core.act_jit.lower(config, *act_args, jax.random.PRNGKey(1), **{flag: False}),
     }
 
 

@@ -73,7 +73,7 @@ def make_call(what: str, size: int):
         jnp.zeros((1,), bool),
         jax.random.PRNGKey(1),
     )
-    fn = jax.jit(core.act, static_argnames=("config", "eval_mode"), compiler_options=COMPILER_OPTIONS)
+    fn = jax.jit(core.act, static_argnames=("config", "deterministic"), compiler_options=COMPILER_OPTIONS)
     compiled = fn.lower(config, *args).compile()
     return compiled, lambda: compiled(*args)
 

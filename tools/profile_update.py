@@ -209,7 +209,7 @@ def breakdown(b: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     config = make_config(args, config_module.preset)
     state = b["state"]
     batch = {key: value[0] for key, value in b["batches"].items()}
-    noise = agent.sample_noise(config, jax.random.PRNGKey(1), config.batch_size, config.batch_length)
+    noise = agent.sample_update_noise(config, jax.random.PRNGKey(1), config.batch_size, config.batch_length)
     params, slow, retnorm = state.params, state.slow_critic, state.retnorm
     n = config.batch_size * config.batch_length
     h = config.imag_horizon
@@ -253,8 +253,8 @@ def breakdown(b: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 
     opt = agent.make_optimizer(config)
     pieces: dict[str, tuple[Callable[..., Any], tuple]] = {
-        "sample_noise": (
-            jax.jit(lambda k: agent.sample_noise(config, k, config.batch_size, config.batch_length)),
+        "sample_update_noise": (
+            jax.jit(lambda k: agent.sample_update_noise(config, k, config.batch_size, config.batch_length)),
             (jax.random.PRNGKey(2),),
         ),
         "observe_fwd_bwd": (jax.jit(observe_grad), (params,)),

@@ -5,7 +5,8 @@
 - :mod:`~sb3_worldmodels.blocks.normalizers`: percentile return normaliser, EMA, RunningScale.
 - :mod:`~sb3_worldmodels.blocks.layers`: flax layers (fan-in init, RMSNorm, normed dense, hidden layers,
   BlockLinear).
-- :mod:`~sb3_worldmodels.blocks.optim`: AGC + LaProp + warmup as optax transformations.
+- :mod:`~sb3_worldmodels.blocks.optim`: the agents' optimisers (LaProp with AGC and warmup; Adam with
+  per-group learning rates) from one construction, the learning rate injected.
 - :mod:`~sb3_worldmodels.blocks.random`: cheap hashed Bernoulli masks for dropout.
 """
 
@@ -65,8 +66,10 @@ from sb3_worldmodels.blocks.optim import (
     ScaleByMomentumState,
     ScaleByRmsState,
     WarmupState,
+    adam,
     get_learning_rate,
     laprop,
+    optimizer,
     scale_by_agc,
     scale_by_momentum_corrected,
     scale_by_rms_corrected,
@@ -86,6 +89,7 @@ __all__ = [
     "ScaleByMomentumState",
     "ScaleByRmsState",
     "WarmupState",
+    "adam",
     "bernoulli_log_prob",
     "categorical_entropy",
     "categorical_kl",
@@ -106,6 +110,7 @@ __all__ = [
     "normal_head",
     "normal_log_prob",
     "onehot_mode",
+    "optimizer",
     "percentile_norm_init",
     "percentile_norm_scale",
     "percentile_norm_update",

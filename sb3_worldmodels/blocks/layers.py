@@ -1,9 +1,12 @@
-"""flax.linen layers shared by the world models: fan-in init, RMSNorm, dense and block-linear layers.
+"""flax.linen layers of both agents: dense, normed dense, block-linear and convolution layers, their
+initialisers, norms (RMSNorm; PyTorch's LayerNorm) and activations.
 
-Parameter names mirror the reference state names (``<layer>/kernel``, ``<layer>/bias``,
-``<layer>/norm/scale``), so a reference checkpoint maps onto the flax tree one to one.
-Parameters are float32; ``dtype`` is the compute dtype (float32 by default). References:
-DreamerV3 nets.py:594-758,816-884@2411f7d and TD-MPC2 layers.py:50-97@b67b21c.
+A layer takes its kernel's initialiser (``kernel_init``; DreamerV3's fan-in truncated normal by
+default) and its norm (``norm``: "rms", "layer" or "none") as arguments. Parameter names are
+``<layer>/kernel``, ``<layer>/bias`` and ``<layer>/norm/scale`` (and ``norm/bias`` for a LayerNorm),
+which map onto the references' state names one to one. Parameters are float32; ``dtype`` is the
+compute dtype (float32 by default). References: DreamerV3 nets.py:594-758,816-884@2411f7d and
+TD-MPC2 layers.py:7-97@b67b21c, init.py:4-22@b67b21c.
 """
 
 from __future__ import annotations
@@ -19,30 +22,37 @@ import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels.blocks.convolution import conv2d
+from sb3_worldmodels.blocks.random import hash_bernoulli
 
 Array = jax.Array
 Initializer = Callable[[Array, Sequence[int], Any], Array]
 T = TypeVar("T")
 
 __all__ = [
+    "LN_EPS",
     "PREPARED",
     "RMS_EPS",
     "TRUNC_NORMAL_STD_CORRECTION",
     "BlockLinear",
     "Conv",
     "Dense",
+    "LayerNorm",
     "NormedDense",
     "RMSNorm",
     "block_matmul",
     "block_matmul_pretransposed",
+    "dropout",
     "get_act",
     "hidden_layers",
     "init_from_one_draw",
+    "is_mask",
     "layer_norm",
+    "layer_norm_mish",
     "matmul_pretransposed",
     "mish",
     "rms_norm",
     "simnorm",
+    "torch_default_uniform",
     "trunc_normal_fan_in",
 ]
 
@@ -52,6 +62,9 @@ TRUNC_NORMAL_STD_CORRECTION = 1.1368
 
 RMS_EPS = 1e-4
 """Epsilon of :class:`RMSNorm` (DreamerV3 nets.py:728@2411f7d)."""
+
+LN_EPS = 1e-5
+"""Epsilon of :class:`LayerNorm`: PyTorch's ``nn.LayerNorm`` default (TD-MPC2 layers.py:50-72@b67b21c)."""
 
 PREPARED = "prepared"
 """Variable collection of arrays derived from the parameters once per call, outside loops: a layer
@@ -88,6 +101,18 @@ def trunc_normal_fan_in(outscale: float = 1.0, fan_in_axes: Sequence[int] | None
         fan_in = int(np.prod([shape[a] for a in axes]))
         std = TRUNC_NORMAL_STD_CORRECTION * math.sqrt(1.0 / fan_in) * outscale
         return (_standard_truncated_normal(key, shape) * std).astype(dtype)
+
+    return init
+
+
+def torch_default_uniform(fan_in: int) -> Initializer:
+    """U(−1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's default init of an ``nn.Conv2d``'s weight
+    (``kaiming_uniform_(a=sqrt(5))``) and of its bias, fan_in = in·kh·kw (the bias's bound is the
+    kernel's, so the caller gives the fan-in)."""
+    bound = 1.0 / math.sqrt(fan_in)
+
+    def init(key: Array, shape: Sequence[int], dtype: Any = jnp.float32) -> Array:
+        return jax.random.uniform(key, tuple(shape), dtype, -bound, bound)
 
     return init
 
@@ -186,10 +211,69 @@ def simnorm(x: Array, dim: int = 8) -> Array:
     return jax.nn.softmax(groups, axis=-1).reshape(shape)
 
 
-def layer_norm(name: str | None = None, eps: float = 1e-5) -> nn.LayerNorm:
-    """flax LayerNorm with PyTorch's eps 1e-5 (flax defaults to 1e-6), for TD-MPC2
-    (layers.py:50-72@b67b21c)."""
-    return nn.LayerNorm(epsilon=eps, name=name)
+def layer_norm(x: Array, scale: Array, bias: Array, eps: float = LN_EPS) -> Array:
+    """PyTorch's LayerNorm over the last axis: (x − mean) / sqrt(biased var + eps) · scale + bias."""
+    mean = jnp.mean(x, -1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), -1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + eps) * scale + bias
+
+
+@jax.custom_vjp
+def layer_norm_mish(y: Array, scale: Array, bias: Array) -> Array:
+    """mish(layer_norm(y)), TD-MPC2's hidden-layer activation, with a hand-written backward pass.
+
+    y (..., F), scale and bias (F,) → (..., F). The backward pass recomputes the forward from y (one
+    saved array) and applies the closed forms of both derivatives; autodiff's version of the same
+    math is about a third more elementwise work, which on CPU is as costly as the matmuls of a
+    small layer. Gradients agree with autodiff to float32 rounding (tested).
+    """
+    return mish(layer_norm(y, scale, bias))
+
+
+def _ln_mish_fwd(y: Array, scale: Array, bias: Array) -> tuple[Array, tuple[Array, Array, Array]]:
+    return mish(layer_norm(y, scale, bias)), (y, scale, bias)
+
+
+def _ln_mish_bwd(res: tuple[Array, Array, Array], g: Array) -> tuple[Array, Array, Array]:
+    y, scale, bias = res
+    centred = y - jnp.mean(y, -1, keepdims=True)
+    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(centred), -1, keepdims=True) + LN_EPS)
+    xhat = centred * rstd
+    u = xhat * scale + bias
+    e = jnp.exp(jnp.minimum(u, 20.0))
+    n = e * (e + 2.0)
+    inv = 1.0 / (n + 2.0)
+    # mish(u) = u·n/(n + 2), n = eᵘ(eᵘ + 2): mish'(u) = n/(n + 2) + u·4eᵘ(eᵘ + 1)/(n + 2)²; above 20
+    # the forward passes u through (:func:`mish`), so the second term is 0 there.
+    gu = g * (n * inv + jnp.where(u > 20.0, 0.0, 4.0 * u * e * (e + 1.0) * inv * inv))
+    lead = tuple(range(g.ndim - 1))
+    gx = gu * scale
+    dy = rstd * (gx - jnp.mean(gx, -1, keepdims=True) - xhat * jnp.mean(gx * xhat, -1, keepdims=True))
+    return dy, jnp.sum(gu * xhat, lead), jnp.sum(gu, lead)
+
+
+layer_norm_mish.defvjp(_ln_mish_fwd, _ln_mish_bwd)
+
+
+def dropout(x: Array, key: Array, rate: float, masks: str = "hash") -> Array:
+    """Inverted dropout: zero each element with probability ``rate``, scale the rest by 1/(1 − rate).
+
+    ``masks``: "hash" draws the mask with :func:`~sb3_worldmodels.blocks.random.hash_bernoulli`
+    (cheap on CPU), "threefry" with ``jax.random.bernoulli``. A bool ``key`` of x's shape is an
+    explicit keep-mask instead (used by the parity tests to replay recorded masks).
+    """
+    if is_mask(key):
+        keep = key
+    elif masks == "threefry":
+        keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    else:
+        keep = hash_bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+def is_mask(key: Array) -> bool:
+    """Whether a dropout ``key`` is an explicit bool keep-mask rather than a PRNG key (trace-time)."""
+    return getattr(key, "dtype", None) == jnp.bool_
 
 
 def block_matmul(x: Array, kernel: Array) -> Array:
@@ -283,68 +367,104 @@ class RMSNorm(nn.Module):
         return rms_norm(x, scale.astype(x.dtype), eps=self.eps)
 
 
-def _make_norm(norm: str, name: str) -> nn.Module | None:
-    if norm == "rms":
-        return RMSNorm(name=name)
+class LayerNorm(nn.Module):
+    """PyTorch's LayerNorm over the last axis (eps :data:`LN_EPS`): ``scale`` (F,) ones and ``bias``
+    (F,) zeros; ``mish``: followed by Mish, with :func:`layer_norm_mish`'s backward pass.
+
+    Input (..., F) → output (..., F).
+    """
+
+    mish: bool = False
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],), jnp.float32)
+        if self.mish:
+            return layer_norm_mish(x, scale, bias)
+        return layer_norm(x, scale, bias)
+
+
+NORMS = ("rms", "layer", "none")
+"""The norms a layer takes: :class:`RMSNorm`, :class:`LayerNorm` (PyTorch's) or none."""
+
+
+def _norm_and_act(x: Array, norm: str, act: str, simnorm_dim: int) -> Array:
+    """``norm`` (submodule "norm" of the calling compact method) then the activation ``act``; a
+    LayerNorm followed by Mish runs as :func:`layer_norm_mish`. "simnorm" groups ``simnorm_dim``."""
+    if norm not in NORMS:
+        raise KeyError(f"unknown norm {norm!r}; choose from {NORMS}")
+    if norm == "layer" and act == "mish":
+        return LayerNorm(mish=True, name="norm")(x)
     if norm == "layer":
-        return layer_norm(name=name)
-    if norm == "none":
-        return None
-    raise KeyError(f"unknown norm {norm!r}; choose from 'rms', 'layer', 'none'")
+        x = LayerNorm(name="norm")(x)
+    elif norm == "rms":
+        x = RMSNorm(name="norm")(x)
+    return simnorm(x, simnorm_dim) if act == "simnorm" else get_act(act)(x)
+
+
+def _kernel_init(layer: Any) -> Initializer:
+    """A layer's ``kernel_init``, or :func:`trunc_normal_fan_in` with its ``outscale``."""
+    init: Initializer = layer.kernel_init or trunc_normal_fan_in(layer.outscale)
+    return init
 
 
 class Dense(nn.Module):
     """Plain output layer x @ kernel + bias, without norm or activation.
 
-    ``kernel`` (I, units) uses :func:`trunc_normal_fan_in` with ``outscale``; ``bias`` (units,)
-    is zeros. Input (..., I) → output (..., units).
+    ``kernel`` (I, units) from ``kernel_init`` (default :func:`trunc_normal_fan_in` with
+    ``outscale``); ``bias`` (units,) zeros. Input (..., I) → output (..., units).
     """
 
     units: int
     outscale: float = 1.0
+    kernel_init: Initializer | None = None
     dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        kernel = self.param(
-            "kernel", trunc_normal_fan_in(self.outscale), (x.shape[-1], self.units), jnp.float32
-        )
+        kernel = self.param("kernel", _kernel_init(self), (x.shape[-1], self.units), jnp.float32)
         bias = self.param("bias", nn.initializers.zeros, (self.units,), jnp.float32)
         x = jnp.asarray(x, self.dtype)
         return _matmul(self, x, kernel.astype(self.dtype)) + bias.astype(self.dtype)
 
 
 class NormedDense(nn.Module):
-    """Hidden layer: x @ kernel + bias → norm (submodule ``norm``) → activation (nets.py:594-635@2411f7d).
+    """Hidden layer: x @ kernel + bias → [dropout] → norm (submodule ``norm``) → activation
+    (DreamerV3 nets.py:594-635@2411f7d; TD-MPC2's NormedLinear, layers.py:50-72@b67b21c).
 
     Params ``{"kernel": (I, units), "bias": (units,), "norm": {"scale": (units,)}}`` for
-    ``norm="rms"``; ``norm="layer"`` gives flax LayerNorm's ``scale``/``bias`` under ``norm``;
-    ``norm="none"`` has no ``norm`` entry. Input (..., I) → output (..., units).
+    ``norm="rms"``, and ``"norm": {"scale", "bias"}`` for ``norm="layer"`` (PyTorch's LayerNorm);
+    ``norm="none"`` has no ``norm`` entry. ``kernel`` from ``kernel_init`` (default
+    :func:`trunc_normal_fan_in` with ``outscale``), ``bias`` zeros. ``act``: a :func:`get_act` name or
+    "simnorm" (groups of ``simnorm_dim``). Input (..., I) → output (..., units).
     """
 
     units: int
     act: str = "silu"
     norm: str = "rms"
     outscale: float = 1.0
+    kernel_init: Initializer | None = None
+    simnorm_dim: int = 8
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x: Array, preactivation: Array | None = None) -> Array:
+    def __call__(
+        self, x: Array, preactivation: Array | None = None, drop: tuple[Array, float, str] | None = None
+    ) -> Array:
         """``preactivation``: x @ kernel + bias computed by the caller (e.g. several layers that read
-        the same x in one matmul); the layer then applies only its norm and activation."""
-        kernel = self.param(
-            "kernel", trunc_normal_fan_in(self.outscale), (x.shape[-1], self.units), jnp.float32
-        )
+        the same x in one matmul); the layer then applies only its norm and activation. ``drop``:
+        (key, rate, masks) of :func:`dropout`, applied before the norm."""
+        kernel = self.param("kernel", _kernel_init(self), (x.shape[-1], self.units), jnp.float32)
         bias = self.param("bias", nn.initializers.zeros, (self.units,), jnp.float32)
         if preactivation is not None:
             x = preactivation
         else:
             x = jnp.asarray(x, self.dtype)
             x = _matmul(self, x, kernel.astype(self.dtype)) + bias.astype(self.dtype)
-        norm = _make_norm(self.norm, "norm")
-        if norm is not None:
-            x = norm(x)
-        return get_act(self.act)(x)
+        if drop is not None:
+            x = dropout(x, *drop)
+        return _norm_and_act(x, self.norm, self.act, self.simnorm_dim)
 
 
 def hidden_layers(
@@ -355,15 +475,18 @@ def hidden_layers(
     first: Array | None = None,
     act: str = "silu",
     norm: str = "rms",
+    kernel_init: Initializer | None = None,
+    drop: tuple[Array, float, str] | None = None,
 ) -> Array:
     """``layers`` × :class:`NormedDense` of width ``units``, named ``f"{prefix}{i}"``, in the calling
     module's scope (call it inside a compact method); ``first``: the first layer's preactivation when
-    the caller computed it (see :class:`NormedDense`).
+    the caller computed it, ``drop``: the first layer's dropout (see :class:`NormedDense`).
 
     Input (..., I) → output (..., units); zero layers return the input unchanged.
     """
     for i in range(layers):
-        x = NormedDense(units, act=act, norm=norm, name=f"{prefix}{i}")(x, first if i == 0 else None)
+        layer = NormedDense(units, act=act, norm=norm, kernel_init=kernel_init, name=f"{prefix}{i}")
+        x = layer(x, first if i == 0 else None, drop if i == 0 else None)
     return x
 
 
@@ -414,13 +537,14 @@ class BlockLinear(nn.Module):
 
 
 class Conv(nn.Module):
-    """2-D convolution on channel-last images → optional RMSNorm over channels (``norm/scale``) →
-    activation (DreamerV3 nets.py:533-590@2411f7d).
+    """2-D convolution on channel-last images → norm over channels (``norm/...``) → activation
+    (DreamerV3 nets.py:533-590@2411f7d; TD-MPC2's ``nn.Conv2d``, layers.py:142-147@eece801).
 
-    ``kernel`` (k, k, I, depth) uses :func:`trunc_normal_fan_in` (fan-in k·k·I, also when transposed)
-    with ``outscale``; ``bias`` (depth,) zeros. SAME padding. ``transpose``: ``jax.lax.conv_transpose``
-    (the kernel not flipped), which multiplies the height and width by ``stride``; otherwise a plain
-    strided convolution, which divides them (rounding up). Both computed by
+    ``kernel`` (k, k, I, depth) from ``kernel_init`` (default :func:`trunc_normal_fan_in`, fan-in
+    k·k·I also when transposed, with ``outscale``); ``bias`` (depth,) from ``bias_init`` (default
+    zeros). ``padding`` SAME or VALID. ``transpose``: ``jax.lax.conv_transpose`` (the kernel not
+    flipped), which multiplies the height and width by ``stride``; otherwise a plain strided
+    convolution (cross-correlation, as PyTorch's), which divides them. Both computed by
     :func:`~sb3_worldmodels.blocks.convolution.conv2d`.
 
     Input (..., H, W, I) → output (..., H', W', depth); leading axes are flattened around the call.
@@ -430,21 +554,23 @@ class Conv(nn.Module):
     kernel: int
     stride: int = 1
     transpose: bool = False
-    norm: bool = True
+    padding: str = "SAME"
+    norm: str = "rms"
     act: str = "silu"
     outscale: float = 1.0
+    kernel_init: Initializer | None = None
+    bias_init: Initializer = nn.initializers.zeros
     dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         k = self.kernel
         shape = (k, k, x.shape[-1], self.depth)
-        kernel = self.param("kernel", trunc_normal_fan_in(self.outscale), shape, jnp.float32)
-        bias = self.param("bias", nn.initializers.zeros, (self.depth,), jnp.float32)
+        kernel = self.param("kernel", _kernel_init(self), shape, jnp.float32)
+        bias = self.param("bias", self.bias_init, (self.depth,), jnp.float32)
         lead = x.shape[:-3]
         x = jnp.asarray(x, self.dtype).reshape(-1, *x.shape[-3:])
-        x = conv2d(x, kernel.astype(self.dtype), self.stride, self.transpose) + bias.astype(self.dtype)
-        if self.norm:
-            x = RMSNorm(name="norm")(x)
-        x = get_act(self.act)(x)
+        kernel = kernel.astype(self.dtype)
+        x = conv2d(x, kernel, self.stride, self.transpose, self.padding) + bias.astype(self.dtype)
+        x = _norm_and_act(x, self.norm, self.act, 8)
         return x.reshape(*lead, *x.shape[1:])

@@ -1,12 +1,18 @@
-"""DreamerV3's optimiser as optax transformations: AGC → LaProp (RMS, then momentum) → −lr → warmup.
+"""The agents' optimisers as optax transformations, built by one function, :func:`optimizer`:
+direction stages → ×(−learning rate, per parameter group) → stages after, with the learning rate
+injected (``optax.inject_hyperparams``: it lives in the optimiser state and changes between updates
+without recompiling; :func:`with_learning_rate`, :func:`get_learning_rate`).
 
-jaxutils.py:398-550,659-712@2411f7d. Each stage is a separate :class:`optax.GradientTransformation` with
-its own NamedTuple state; :func:`laprop` chains them behind ``optax.inject_hyperparams`` so the
-learning rate lives in the optimiser state and can change between updates without recompiling.
+- DreamerV3 (:func:`laprop`): AGC → LaProp (RMS, then momentum) → −lr → warmup
+  (jaxutils.py:398-550,659-712@2411f7d). Each stage is a separate :class:`optax.GradientTransformation`
+  with its own NamedTuple state.
+- TD-MPC2 (:func:`adam`): PyTorch's Adam direction → −lr, the encoder's group at a scaled rate
+  (``optax.multi_transform``; tdmpc2.py:20-27@b67b21c).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -20,8 +26,10 @@ __all__ = [
     "ScaleByMomentumState",
     "ScaleByRmsState",
     "WarmupState",
+    "adam",
     "get_learning_rate",
     "laprop",
+    "optimizer",
     "scale_by_agc",
     "scale_by_momentum_corrected",
     "scale_by_rms_corrected",
@@ -144,32 +152,61 @@ def scale_by_warmup(warmup: int = 1000) -> optax.GradientTransformation:
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _laprop_chain(
+def _chain(
     learning_rate: ArrayLike,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    agc: float,
-    pmin: float,
-    warmup: int,
+    direction: tuple[optax.GradientTransformation, ...],
+    after: tuple[optax.GradientTransformation, ...],
+    lr_scales: tuple[tuple[str, float], ...],
 ) -> optax.GradientTransformation:
-    stages = []
-    if agc > 0:
-        stages.append(scale_by_agc(agc, pmin))
-    stages += [
-        scale_by_rms_corrected(beta2, eps),
-        scale_by_momentum_corrected(beta1),
-        optax.scale_by_learning_rate(learning_rate),
-        scale_by_warmup(warmup),
-    ]
-    return optax.chain(*stages)
+    return optax.chain(*direction, _scale_by_learning_rate(learning_rate, lr_scales), *after)
 
 
-_injected_laprop = optax.inject_hyperparams(
-    _laprop_chain,
-    static_args=("beta1", "beta2", "eps", "agc", "pmin", "warmup"),
-    hyperparam_dtype=jnp.float32,
+_injected_chain = optax.inject_hyperparams(
+    _chain, static_args=("direction", "after", "lr_scales"), hyperparam_dtype=jnp.float32
 )
+
+
+def _scale_by_learning_rate(
+    learning_rate: ArrayLike, lr_scales: tuple[tuple[str, float], ...]
+) -> optax.GradientTransformation:
+    """×(−learning_rate); with ``lr_scales``, ×(−learning_rate·scale) on the parameters' top-level
+    entry of each named group and ×(−learning_rate) on the others. Stateless."""
+    if not lr_scales:
+        return optax.scale_by_learning_rate(learning_rate)
+    scales = dict(lr_scales)
+    if OTHER_GROUP in scales:
+        raise ValueError(f"{OTHER_GROUP!r} names the unscaled parameters; give another group name.")
+    groups = {name: optax.scale_by_learning_rate(learning_rate * scale) for name, scale in scales.items()}
+    groups[OTHER_GROUP] = optax.scale_by_learning_rate(learning_rate)
+
+    def labels(params: dict) -> dict[str, str]:
+        return {name: name if name in scales else OTHER_GROUP for name in params}
+
+    return optax.multi_transform(groups, labels)
+
+
+OTHER_GROUP = "other"
+"""The parameter group of :func:`optimizer` whose learning rate is not scaled."""
+
+
+def optimizer(
+    direction: Sequence[optax.GradientTransformation],
+    learning_rate: float,
+    after: Sequence[optax.GradientTransformation] = (),
+    lr_scales: Mapping[str, float] | None = None,
+) -> optax.GradientTransformation:
+    """The one optimiser construction of both agents: ``direction`` stages → ×(−learning_rate) →
+    ``after`` stages, chained flat (the state's ``inner_state`` is one tuple of the stages' states,
+    the learning-rate stage between them).
+
+    The learning rate is injected: a () float32 array in ``opt_state.hyperparams["learning_rate"]``
+    (:func:`with_learning_rate`). ``lr_scales`` {name: scale}: the parameters (a dict) under top-level
+    key ``name`` move at learning_rate·scale (``optax.multi_transform``; e.g. TD-MPC2's encoder).
+    """
+    scales = tuple(sorted((lr_scales or {}).items()))
+    return _injected_chain(
+        learning_rate=learning_rate, direction=tuple(direction), after=tuple(after), lr_scales=scales
+    )
 
 
 def laprop(
@@ -185,23 +222,25 @@ def laprop(
 
     Defaults are the reference ``opt`` config (lr 4e-5, eps 1e-20, β₁ 0.9, β₂ 0.999, AGC 0.3 with
     pmin 1e-3, warmup 1000). ``agc <= 0`` drops the clipping stage. ``update`` needs ``params``.
-
-    The learning rate is the only injected hyperparameter: it is a () float32 array in
-    ``opt_state.hyperparams["learning_rate"]``, so it can change between updates without
-    recompiling. Set it functionally with :func:`with_learning_rate` (which also finds the state
-    inside any larger pytree) or, on a host-side state, by assigning
-    ``opt_state.hyperparams["learning_rate"] = jnp.float32(lr)``. The stage states are in
-    ``opt_state.inner_state`` in chain order, e.g. ``inner_state[1].nu`` and ``inner_state[2].mu``.
+    The stage states are in ``opt_state.inner_state`` in chain order, e.g. ``inner_state[1].nu`` and
+    ``inner_state[2].mu`` (see :func:`optimizer` for the learning rate).
     """
-    return _injected_laprop(
-        learning_rate=learning_rate,
-        beta1=beta1,
-        beta2=beta2,
-        eps=eps,
-        agc=agc,
-        pmin=pmin,
-        warmup=warmup,
-    )
+    direction = [scale_by_agc(agc, pmin)] if agc > 0 else []
+    direction += [scale_by_rms_corrected(beta2, eps), scale_by_momentum_corrected(beta1)]
+    return optimizer(direction, learning_rate, after=[scale_by_warmup(warmup)])
+
+
+def adam(
+    learning_rate: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    lr_scales: Mapping[str, float] | None = None,
+) -> optax.GradientTransformation:
+    """PyTorch's Adam without weight decay: −lr·m̂/(sqrt(v̂) + eps), bias-corrected moments
+    (``optax.scale_by_adam``); ``lr_scales`` as :func:`optimizer`'s. State ``inner_state[0]`` is the
+    moments' ``ScaleByAdamState`` (count, mu, nu)."""
+    return optimizer([optax.scale_by_adam(b1=beta1, b2=beta2, eps=eps)], learning_rate, lr_scales=lr_scales)
 
 
 def with_learning_rate(tree: Any, learning_rate: ArrayLike) -> Any:

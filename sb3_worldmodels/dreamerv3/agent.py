@@ -13,7 +13,7 @@ Everything here is a pure function of explicit arguments; ``config`` is a static
   :data:`train_many_jit`.
 
 Randomness is injectable: every sample of the update (posterior latents, imagined latents, imagined
-actions) is drawn from a :class:`Noise` pytree (Gumbel-max for categoricals, ε ~ N(0, 1) for the
+actions) is drawn from a :class:`UpdateNoise` pytree (Gumbel-max for categoricals, ε ~ N(0, 1) for the
 continuous actor). :func:`train_step` draws that noise from the state's key; :func:`update_with_noise`
 and :func:`loss_fn` take it as an argument, which is how recorded reference samples are replayed.
 
@@ -81,7 +81,7 @@ __all__ = [
     "MODULES",
     "Carry",
     "DreamerState",
-    "Noise",
+    "UpdateNoise",
     "init_carry",
     "init_params",
     "imagination_loss",
@@ -93,7 +93,7 @@ __all__ = [
     "policy_step",
     "policy_step_jit",
     "replay_value_loss",
-    "sample_noise",
+    "sample_update_noise",
     "set_learning_rate",
     "train_many",
     "train_many_jit",
@@ -135,9 +135,9 @@ class DreamerState(NamedTuple):
     """() int32 number of updates done (the slow critic copies the critic on the first)."""
 
 
-class Noise(NamedTuple):
+class UpdateNoise(NamedTuple):
     """All randomness of one update (jaxutils.py:103-121@2411f7d, nets.py:486-493@2411f7d,
-    agent.py:267-298@2411f7d); see :func:`sample_noise`."""
+    agent.py:267-298@2411f7d); see :func:`sample_update_noise`."""
 
     post: Array
     """(B, T, S, C) Gumbel noise of the posterior samples of the replay rollout."""
@@ -316,13 +316,13 @@ def _draw_noise(config: DreamerV3Config, key: Array, shapes: dict[str, tuple[int
 # ------------------------------------------------------------------------------------------------
 
 
-def sample_noise(config: DreamerV3Config, key: Array, batch_size: int, length: int) -> Noise:
+def sample_update_noise(config: DreamerV3Config, key: Array, batch_size: int, length: int) -> UpdateNoise:
     """Fresh noise for one update on a (B, T) trained window."""
     s, c, h, a = config.stoch, config.classes, config.imag_horizon, config.action_dim
     n = batch_size * length
     shapes = {"post": (batch_size, length, s, c), "imag_stoch": (h, n, s, c), "action": (h + 1, n, a)}
     noise = _draw_noise(config, key, shapes)
-    return Noise(post=noise["post"], imag_stoch=noise["imag_stoch"], imag_action=noise["action"])
+    return UpdateNoise(post=noise["post"], imag_stoch=noise["imag_stoch"], imag_action=noise["action"])
 
 
 def observe(
@@ -392,7 +392,12 @@ class _Imagined(NamedTuple):
 
 
 def imagine(
-    config: DreamerV3Config, params: dict, deter: Array, stoch: Array, noise: Noise, heads: dict | None = None
+    config: DreamerV3Config,
+    params: dict,
+    deter: Array,
+    stoch: Array,
+    noise: UpdateNoise,
+    heads: dict | None = None,
 ) -> _Imagined:
     """Imagination from N start states over H steps (agent.py:267-298@2411f7d), entirely without gradient.
 
@@ -504,7 +509,7 @@ def loss_fn(
     slow_critic: dict,
     retnorm: PercentileNormState,
     batch: dict[str, Array],
-    noise: Noise,
+    noise: UpdateNoise,
 ) -> tuple[Array, dict[str, Any]]:
     """The total DreamerV3 loss of one batch (agent.py:246-373,413-415@2411f7d;
     agent.py:172-183@29eb964), differentiable w.r.t. ``params``: the world model's losses
@@ -517,7 +522,7 @@ def loss_fn(
         retnorm: the return normaliser before this step; it is updated inside (before use,
         jaxutils.py:301-395@2411f7d).
         batch: (B, T+1, ...) replay windows, row 0 the context (see :func:`train_step`).
-        noise: the update's randomness (:func:`sample_noise`).
+        noise: the update's randomness (:func:`sample_update_noise`).
 
     Returns:
         (total loss, aux) with aux = {"metrics": scalar dict, "retnorm": new normaliser state,
@@ -533,8 +538,8 @@ def loss_fn(
     """
     frozen = sg({"slow": slow_critic, "rew": params["rew"], "con": params["con"], "critic": params["critic"]})
     rows = _trained_rows(config, batch)
-    wm, losses = world_model_loss(config, params, frozen, rows, noise)
-    imag, imag_losses, retnorm = imagination_loss(config, params, frozen, wm, rows, retnorm, noise)
+    losses, wm = world_model_loss(config, params, frozen, rows, noise)
+    imag_losses, imag, retnorm = imagination_loss(config, params, frozen, wm, rows, retnorm, noise)
     replay_ret, repval = replay_value_loss(config, wm, rows, imag["ret"])
     losses = {**losses, **imag_losses, "repval": repval}
     scales = {
@@ -613,11 +618,13 @@ def reconstruction_losses(
 
 
 def world_model_loss(
-    config: DreamerV3Config, params: dict, frozen: dict, rows: dict[str, Any], noise: Noise
+    config: DreamerV3Config, params: dict, frozen: dict, rows: dict[str, Any], noise: UpdateNoise
 ) -> tuple[dict[str, Array], dict[str, Array]]:
     """The world model's losses (agent.py:246-261@2411f7d): reconstruction, reward, continue and the
     dyn/rep KL terms, (B, T) each; and its tensors, with the replay critic's logits on the same
-    posterior features (agent.py:352-373@2411f7d). ``frozen``: the heads without gradient."""
+    posterior features (agent.py:352-373@2411f7d). ``frozen``: the heads without gradient.
+
+    Returns (losses, tensors), each by name (the convention of both agents' loss functions)."""
     bins = head_bins(config)
     embed = N.encode(config, params["enc"], rows["obs"])
     deter, stoch, post = observe(
@@ -652,7 +659,7 @@ def world_model_loss(
         "replay_critic_mean": twohot_mean(replay_logits, bins),
         "replay_slow_mean": sg(twohot_mean(_critic_logits(config, frozen["slow"], sg(feat)), bins)),
     }
-    return tensors, losses
+    return losses, tensors
 
 
 def imagination_loss(
@@ -662,13 +669,13 @@ def imagination_loss(
     wm: dict[str, Array],
     rows: dict[str, Any],
     retnorm: PercentileNormState,
-    noise: Noise,
-) -> tuple[dict[str, Any], dict[str, Array], PercentileNormState]:
+    noise: UpdateNoise,
+) -> tuple[dict[str, Array], dict[str, Any], PercentileNormState]:
     """The actor's and critic's losses (N, H) on trajectories imagined from all N = B·T posterior
     states (agent.py:267-350@2411f7d): imagination, time-major, annotated with the replay's reward
     and continue at the start (agent.py:301-317@2411f7d); lambda returns; the return normaliser,
     updated before use (agent.py:320-326@2411f7d, jaxutils.py:301-395@2411f7d); the actor
-    (agent.py:329-342@2411f7d) and critic (agent.py:345-350@2411f7d). Returns (tensors, losses,
+    (agent.py:329-342@2411f7d) and critic (agent.py:345-350@2411f7d). Returns (losses, tensors,
     the new normaliser)."""
     bins = head_bins(config)
     reward, cont = rows["reward"], rows["cont"]
@@ -732,7 +739,7 @@ def imagination_loss(
         "adv": adv,
         "entropy": entropy,
     }
-    return tensors, losses, retnorm
+    return losses, tensors, retnorm
 
 
 def replay_value_loss(
@@ -803,7 +810,7 @@ def _loss_metrics(
 
 
 def _imagination_internals(
-    config: DreamerV3Config, params: dict, frozen: dict, imag: dict[str, Any], noise: Noise
+    config: DreamerV3Config, params: dict, frozen: dict, imag: dict[str, Any], noise: UpdateNoise
 ) -> dict[str, Any]:
     """Diagnostics of the imagined trajectories, batch-major with all H+1 steps (unused under jit,
     they cost nothing)."""
@@ -844,7 +851,7 @@ def _imagination_internals(
 
 
 def update_with_noise(
-    config: DreamerV3Config, state: DreamerState, batch: dict[str, Array], noise: Noise
+    config: DreamerV3Config, state: DreamerState, batch: dict[str, Array], noise: UpdateNoise
 ) -> tuple[DreamerState, dict[str, Array], dict[str, Array], dict[str, Any]]:
     """One update with given noise (the reference's train step after sampling,
     agent.py:188-218@2411f7d); ``state.key`` is left unchanged.
@@ -894,7 +901,7 @@ def train_step(
     """
     key, noise_key = jax.random.split(state.key)
     b, t1 = batch["reward"].shape
-    noise = sample_noise(config, noise_key, b, t1 - 1)
+    noise = sample_update_noise(config, noise_key, b, t1 - 1)
     new_state, metrics, latents, _ = update_with_noise(config, state, batch, noise)
     return new_state._replace(key=key), metrics, latents
 

@@ -219,7 +219,9 @@ class Decoder(nn.Module):
         x = jax.nn.silu(RMSNorm(name="spacenorm")(x0 + x1))
         for i in reversed(range(len(self.depths) - 1)):
             x = Conv(self.depths[i], self.kernel, 2, transpose=True, name=f"conv{i}")(x)
-        out = Conv(self.image_channels, self.kernel, 1, transpose=True, norm=False, act="none", name="imgout")
+        out = Conv(
+            self.image_channels, self.kernel, 1, transpose=True, norm="none", act="none", name="imgout"
+        )
         x = out(x)
         (top, bottom), (left, right) = self.padding
         if top + bottom + left + right:

@@ -38,7 +38,7 @@ from sb3_worldmodels.blocks.normalizers import (
     running_scale_init,
     running_scale_update,
 )
-from sb3_worldmodels.blocks.optim import squared_global_norm
+from sb3_worldmodels.blocks.optim import adam, get_learning_rate, squared_global_norm, with_learning_rate
 from sb3_worldmodels.tdmpc2 import networks as N
 from sb3_worldmodels.tdmpc2.config import TDMPC2Config
 
@@ -57,15 +57,13 @@ class TDMPC2State(NamedTuple):
     target_qs: dict
     """EMA copy of ``params["qs"]``."""
     wm_opt: Any
-    """Adam state over the world-model modules."""
+    """Adam state over the world-model modules, with the learning rate (:func:`make_optimizers`)."""
     pi_opt: Any
-    """Adam state over ``params["pi"]``."""
+    """Adam state over ``params["pi"]``, with the learning rate."""
     scale: RunningScaleState
     """RunningScale of the policy loss."""
     pi_grad_sq: Array
     """() float32, squared norm of the last clipped policy gradient (0 before the first update)."""
-    learning_rate: Array
-    """() float32 learning rate (the SB3 class feeds its schedule in here, :func:`set_learning_rate`)."""
     key: Array
     """(2,) uint32 PRNG key of the updates."""
     updates: Array
@@ -110,7 +108,7 @@ class PlanNoise(NamedTuple):
     elite_pick: Array
     """() int32 index into the final elites that replaces that draw when >= 0 (recorded draws)."""
     final: Array
-    """(A,) N(0, 1) exploration noise (used when not in eval mode)."""
+    """(A,) N(0, 1) exploration noise (used when not deterministic)."""
     dropout: Array | None
     """(I, 2) keys of the terminal values' Q dropout, or None."""
 
@@ -120,9 +118,23 @@ class PlanNoise(NamedTuple):
 # ------------------------------------------------------------------------------------------------
 
 
-def _adam(eps: float) -> optax.GradientTransformation:
-    """PyTorch Adam's direction m̂ / (sqrt(v̂) + eps), betas (0.9, 0.999); the learning rate comes apart."""
-    return optax.scale_by_adam(b1=0.9, b2=0.999, eps=eps)
+class Optimizers(NamedTuple):
+    """The two Adams of tdmpc2.py:20-27@b67b21c (:func:`~sb3_worldmodels.blocks.optim.adam`)."""
+
+    world_model: optax.GradientTransformation
+    """Over :data:`WORLD_MODEL_MODULES`, the encoder at ``enc_lr_scale`` times the rate."""
+    policy: optax.GradientTransformation
+    """Over ``params["pi"]``, its own epsilon."""
+
+
+def make_optimizers(config: TDMPC2Config) -> Optimizers:
+    """The world model's and the policy's Adam, each with the learning rate in its state (the SB3
+    class writes its schedule there, :func:`set_learning_rate`)."""
+    betas = (config.beta1, config.beta2)
+    return Optimizers(
+        world_model=adam(config.learning_rate, *betas, config.eps, {"encoder": config.enc_lr_scale}),
+        policy=adam(config.learning_rate, *betas, config.pi_eps),
+    )
 
 
 def _wm_params(params: dict) -> dict:
@@ -136,27 +148,30 @@ def init_state(config: TDMPC2Config, key: Array) -> TDMPC2State:
         key = jax.random.key_data(key)
     key, init_key = jax.random.split(key)
     params, target_qs = init_params_jit(config, init_key)
+    optimizers = make_optimizers(config)
     return TDMPC2State(
         params=params,
         target_qs=target_qs,
-        wm_opt=_adam(1e-8).init(_wm_params(params)),
-        pi_opt=_adam(1e-5).init(params["pi"]),
+        wm_opt=optimizers.world_model.init(_wm_params(params)),
+        pi_opt=optimizers.policy.init(params["pi"]),
         scale=running_scale_init(),
         pi_grad_sq=jnp.zeros((), jnp.float32),
-        learning_rate=jnp.asarray(config.learning_rate, jnp.float32),
         key=key,
         updates=jnp.zeros((), jnp.int32),
     )
 
 
-def with_params(state: TDMPC2State, params: dict, target_qs: dict) -> TDMPC2State:
-    """``state`` with other parameters and fresh optimiser states for them (e.g. a checkpoint's)."""
-    return state._replace(
+def with_params(config: TDMPC2Config, state: TDMPC2State, params: dict, target_qs: dict) -> TDMPC2State:
+    """``state`` with other parameters and fresh optimiser states for them (e.g. a checkpoint's), at
+    the state's learning rate."""
+    optimizers = make_optimizers(config)
+    fresh = state._replace(
         params=params,
         target_qs=target_qs,
-        wm_opt=_adam(1e-8).init(_wm_params(params)),
-        pi_opt=_adam(1e-5).init(params["pi"]),
+        wm_opt=optimizers.world_model.init(_wm_params(params)),
+        pi_opt=optimizers.policy.init(params["pi"]),
     )
+    return set_learning_rate(fresh, get_learning_rate(state.wm_opt))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -212,8 +227,11 @@ def discount(config: TDMPC2Config, task: Array | None = None) -> float | Array:
 
 def world_model_loss(
     config: TDMPC2Config, wm: dict, pi: dict, target_qs: dict, batch: dict[str, Array], noise: UpdateNoise
-) -> tuple[Array, dict]:
-    """The world-model loss of one batch (``tdmpc2.py:214-263``), differentiable w.r.t. ``wm``.
+) -> tuple[dict[str, Array], dict[str, Array]]:
+    """The world model's loss terms on one batch (``tdmpc2.py:214-263``), differentiable w.r.t. ``wm``:
+    the TD targets, the latent rollout from the first observation, the heads on it, then one function
+    per term (:func:`consistency_loss`, :func:`reward_loss`, :func:`value_loss` and, episodic,
+    :func:`termination_loss`).
 
     Args:
         wm: the world-model modules; pi: policy parameters (TD targets only, not differentiated).
@@ -221,9 +239,9 @@ def world_model_loss(
             "reward" (H, B)[, "terminated" (H, B)][, "task" (B,) int32 task ids, multi-task].
 
     Returns:
-        (total, aux) with aux = {"losses", "zs" (H+1, B, L) rollout latents, "internals"}.
+        (losses, tensors): the terms by name, () each, and the tensors by name ("zs" (H+1, B, L)
+        rollout latents, "next_z", "td_targets", "q_logits", "reward_logits", ...).
     """
-    h = config.horizon
     params = {**wm, "pi": pi}
     obs, action, reward = batch["obs"], batch["action"], batch["reward"]
     if config.image_shape and noise.shifts is not None:  # ShiftAug at both encodes, one draw per image
@@ -248,14 +266,10 @@ def world_model_loss(
 
     z = N.encode(config, params, obs[0], cond)
     latents = [z]
-    consistency = jnp.zeros((), jnp.float32)
-    for t in range(h):
+    for t in range(config.horizon):
         z = N.next_latent(config, params, z, action[t], cond)
-        consistency += jnp.mean(jnp.square(z - next_z[t])) * config.rho**t
         latents.append(z)
-    consistency = consistency * (1.0 / h)
     zs = jnp.stack(latents)
-
     q_logits = N.q_logits(
         config,
         params["qs"],
@@ -265,33 +279,78 @@ def world_model_loss(
         cond,
     )  # (K, H, B, n)
     rew_logits = N.reward_logits(config, params, zs[:-1], action, cond)  # (H, B, n)
-    bins = (config.num_bins, config.vmin, config.vmax)
-    rho = _rho(config, h)
-    reward_ce = -symlog_twohot_log_prob(rew_logits, reward, *bins)  # (H, B)
-    value_ce = -symlog_twohot_log_prob(q_logits, td[None], *bins)  # (K, H, B)
-    reward_loss = jnp.sum(reward_ce.mean(-1) * rho) * (1.0 / h)
-    value_loss = jnp.sum(value_ce.mean(-1) * rho) * (1.0 / (h * config.num_q))
-    losses = {"consistency": consistency, "reward": reward_loss, "value": value_loss}
-    total = (
-        config.consistency_coef * consistency
-        + config.reward_coef * reward_loss
-        + config.value_coef * value_loss
-    )
-    internals = {
+    losses = {
+        "consistency": consistency_loss(config, latents[1:], next_z),
+        "reward": reward_loss(config, rew_logits, reward),
+        "value": value_loss(config, q_logits, td),
+    }
+    tensors = {
+        "zs": zs,
         "next_z": next_z,
         "td_targets": td,
         "z0": zs[0],
         "q_logits": q_logits,
         "reward_logits": rew_logits,
+        **td_parts,
     }
-    internals.update(td_parts)
     if config.episodic:
         logits = N.termination_logit(config, params, zs[1:])  # (H, B)
-        termination = jnp.mean(optax.sigmoid_binary_cross_entropy(logits, terminated))
-        losses["termination"] = termination
-        total = total + config.termination_coef * termination
-        internals["termination_logits"] = logits
-    return total, {"losses": losses, "zs": zs, "internals": internals}
+        losses["termination"] = termination_loss(logits, terminated)  # type: ignore[arg-type]
+        tensors["termination_logits"] = logits
+    return losses, tensors
+
+
+def consistency_loss(config: TDMPC2Config, predicted: list[Array], next_z: Array) -> Array:
+    """mean_t ρ^t·MSE of the predicted latents (H of (B, L)) against the next observations' encodings
+    next_z (H, B, L) (tdmpc2.py:236-241,248@b67b21c) → ()."""
+    loss = jnp.zeros((), jnp.float32)
+    for t, z in enumerate(predicted):
+        loss += jnp.mean(jnp.square(z - next_z[t])) * config.rho**t
+    return loss * (1.0 / config.horizon)
+
+
+def reward_loss(config: TDMPC2Config, logits: Array, reward: Array) -> Array:
+    """mean_t ρ^t·mean_B of the reward head's soft cross-entropy: logits (H, B, n) against the rewards
+    (H, B) two-hot in symlog space (tdmpc2.py:244-249@b67b21c) → ()."""
+    ce = -symlog_twohot_log_prob(logits, reward, config.num_bins, config.vmin, config.vmax)  # (H, B)
+    return jnp.sum(ce.mean(-1) * _rho(config, config.horizon)) * (1.0 / config.horizon)
+
+
+def value_loss(config: TDMPC2Config, q_logits: Array, td_targets: Array) -> Array:
+    """Σ_k mean_t ρ^t·mean_B of each Q member's soft cross-entropy: q_logits (K, H, B, n) against the
+    TD targets (H, B) (tdmpc2.py:244-250@b67b21c) → ()."""
+    bins = (config.num_bins, config.vmin, config.vmax)
+    ce = -symlog_twohot_log_prob(q_logits, td_targets[None], *bins)  # (K, H, B)
+    h = config.horizon
+    return jnp.sum(ce.mean(-1) * _rho(config, h)) * (1.0 / (h * config.num_q))
+
+
+def termination_loss(logits: Array, terminated: Array) -> Array:
+    """Episodic: mean binary cross-entropy of the termination logits (H, B) against the flags (H, B)
+    (tdmpc2.py:283-305@7ec6bc8) → ()."""
+    return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, terminated))
+
+
+LOSS_COEFS = {
+    "consistency": "consistency_coef",
+    "reward": "reward_coef",
+    "value": "value_coef",
+    "termination": "termination_coef",
+}
+"""Each world-model loss term's weight: the config field (tdmpc2.py:252-256@b67b21c)."""
+
+
+def weighted_world_model_loss(
+    config: TDMPC2Config, wm: dict, pi: dict, target_qs: dict, batch: dict[str, Array], noise: UpdateNoise
+) -> tuple[Array, tuple[dict[str, Array], dict[str, Array]]]:
+    """Σ coefficient·term of :func:`world_model_loss` → (total, (losses, tensors)), what the world
+    model's step differentiates."""
+    losses, tensors = world_model_loss(config, wm, pi, target_qs, batch, noise)
+    weighted = [getattr(config, LOSS_COEFS[name]) * loss for name, loss in losses.items()]
+    total = weighted[0]
+    for term in weighted[1:]:
+        total = total + term
+    return total, (losses, tensors)
 
 
 def policy_loss(
@@ -335,20 +394,20 @@ def update_with_noise(
     if config.multitask:
         params = N.renormalise_task_embeddings(params, batch["task"])
     wm, pi = _wm_params(params), params["pi"]
-    grad_fn = jax.value_and_grad(world_model_loss, argnums=1, has_aux=True)
-    (total, aux), grads = grad_fn(config, wm, pi, state.target_qs, batch, noise)
+    grad_fn = jax.value_and_grad(weighted_world_model_loss, argnums=1, has_aux=True)
+    (total, (losses, tensors)), grads = grad_fn(config, wm, pi, state.target_qs, batch, noise)
 
     # Clip jointly with the policy's stale gradient (tdmpc2.py:180,232,267@b67b21c), then Adam.
     wm_sq = squared_global_norm(grads)
     stale = state.pi_grad_sq if config.stale_pi_grad_in_clip else 0.0
     grad_norm = jnp.sqrt(wm_sq + stale)
     grads = jax.tree_util.tree_map(lambda g: g * _clip_factor(grad_norm, config.grad_clip_norm), grads)
-    direction, wm_opt = _adam(1e-8).update(grads, state.wm_opt)
-    step = {k: -state.learning_rate * (config.enc_lr_scale if k == "encoder" else 1.0) for k in direction}
-    wm = {k: jax.tree_util.tree_map(lambda p, d, s=step[k]: p + s * d, wm[k], direction[k]) for k in wm}
+    optimizers = make_optimizers(config)
+    wm_updates, wm_opt = optimizers.world_model.update(grads, state.wm_opt)
+    wm = optax.apply_updates(wm, wm_updates)
 
     # Policy step on the pre-update latents with the post-update Q members.
-    zs = sg(aux["zs"])
+    zs = sg(tensors["zs"])
     task = None
     if config.multitask:
         wm = N.renormalise_task_embeddings(wm, batch["task"])
@@ -358,8 +417,8 @@ def update_with_noise(
     pi_norm = jnp.sqrt(squared_global_norm(pi_grads))
     clip = _clip_factor(pi_norm, config.grad_clip_norm)
     pi_grads = jax.tree_util.tree_map(lambda g: g * clip, pi_grads)
-    pi_direction, pi_opt = _adam(1e-5).update(pi_grads, state.pi_opt)
-    pi = jax.tree_util.tree_map(lambda p, d: p - state.learning_rate * d, pi, pi_direction)
+    pi_updates, pi_opt = optimizers.policy.update(pi_grads, state.pi_opt)
+    pi = optax.apply_updates(pi, pi_updates)
 
     # Target Qs: lerp toward the updated online Qs.
     target_qs = jax.tree_util.tree_map(lambda t, q: t + config.tau * (q - t), state.target_qs, wm["qs"])
@@ -372,7 +431,7 @@ def update_with_noise(
         pi_grad_sq=jnp.square(pi_norm * clip),
         updates=state.updates + 1,
     )
-    metrics = {f"{k}_loss": v for k, v in aux["losses"].items()}
+    metrics = {f"{k}_loss": v for k, v in losses.items()}
     metrics.update(
         pi_loss=pi_loss,
         total_loss=total,
@@ -380,7 +439,7 @@ def update_with_noise(
         pi_grad_norm=pi_norm,
         pi_scale=pi_aux["scale"].value,
     )
-    internals = dict(aux["internals"])
+    internals = {k: v for k, v in tensors.items() if k != "zs"}
     internals.update(
         pi_step_action=pi_aux["action"],
         pi_step_log_pi=pi_aux["log_pi"],
@@ -467,7 +526,7 @@ def plan_with_noise(
     z: Array,
     prev_mean: Array,
     first: Array,
-    eval_mode: Array,
+    deterministic: Array,
     noise: PlanNoise,
     task: Array | None = None,
 ) -> tuple[Array, Array, dict[str, Array]]:
@@ -475,7 +534,8 @@ def plan_with_noise(
 
     Args:
         z: (L,) latent of the current observation; prev_mean: (H, A) the previous plan's mean.
-        first: () bool, the episode's first step (no warm start); eval_mode: () bool, no final noise.
+        first: () bool, the episode's first step (no warm start); deterministic: () bool, no final
+            noise (the reference's eval mode).
         task: () task id (multi-task): the candidates, means and stds are masked to its action
             dimensions (tdmpc2.py:141-142,156-158@b67b21c).
 
@@ -544,7 +604,7 @@ def plan_with_noise(
     drawn = jnp.minimum(jnp.searchsorted(cdf, noise.elite_u * cdf[-1], side="right"), e - 1)
     pick = jnp.where(noise.elite_pick >= 0, noise.elite_pick, drawn)
     chosen = iters["elite_actions"][-1][:, pick]  # (H, A)
-    action = chosen[0] + jnp.where(eval_mode, 0.0, 1.0) * std[0] * noise.final
+    action = chosen[0] + jnp.where(deterministic, 0.0, 1.0) * std[0] * noise.final
     return jnp.clip(action, -1.0, 1.0), mean, {**iters, "action_before_noise": chosen[0], "std": std}
 
 
@@ -575,7 +635,7 @@ def act(
     prev_mean: Array,
     first: Array,
     key: Array,
-    eval_mode: bool = False,
+    deterministic: bool = False,
     task: Array | None = None,
 ) -> tuple[Array, Array]:
     """Encode n observations (n, O) and plan for each env: returns actions (n, A) and plan means (n, H, A).
@@ -585,7 +645,8 @@ def act(
     ``task`` (n,) int32 gives each env's task id; the embedding rows are renormalised as at the
     reference's lookups, for this call only (docs/deviations.md T16). Pixels: obs (n, H, W, C) uint8,
     each image shifted by offsets drawn from its env's key (:func:`pixel_act_keys`), as the
-    reference's ShiftAug at every encode (tdmpc2.py:112-117,153@eece801), eval mode included.
+    reference's ShiftAug at every encode (tdmpc2.py:112-117,153@eece801), deterministic included.
+    ``deterministic``: the reference's eval mode, no exploration noise on the chosen action.
     """
     if task is not None:
         params = N.renormalise_task_embeddings(params, task)
@@ -599,13 +660,13 @@ def act(
     if task is None:
 
         def one(z: Array, prev: Array, f: Array, nz: PlanNoise) -> tuple[Array, Array]:
-            action, mean, _ = plan_with_noise(config, params, z, prev, f, jnp.asarray(eval_mode), nz)
+            action, mean, _ = plan_with_noise(config, params, z, prev, f, jnp.asarray(deterministic), nz)
             return action, mean
 
         return jax.vmap(one)(z, prev_mean, first, noise)
 
     def one_task(z: Array, prev: Array, f: Array, nz: PlanNoise, k: Array) -> tuple[Array, Array]:
-        action, mean, _ = plan_with_noise(config, params, z, prev, f, jnp.asarray(eval_mode), nz, k)
+        action, mean, _ = plan_with_noise(config, params, z, prev, f, jnp.asarray(deterministic), nz, k)
         return action, mean
 
     return jax.vmap(one_task)(z, prev_mean, first, noise, task)
@@ -658,15 +719,16 @@ def predict_rollout(config: TDMPC2Config, params: dict, obs: Array, actions: Arr
     return out
 
 
-def set_learning_rate(state: TDMPC2State, learning_rate: float) -> TDMPC2State:
-    """``state`` with its learning rate set (a () float32 array: the update is not retraced)."""
-    return state._replace(learning_rate=jnp.asarray(learning_rate, jnp.float32))
+def set_learning_rate(state: TDMPC2State, learning_rate: float | Array) -> TDMPC2State:
+    """``state`` with both optimisers' learning rate set (a () float32 array: the update is not
+    retraced)."""
+    return with_learning_rate(state, learning_rate)
 
 
 init_params_jit = agent_jit(N.init_params)
 """Jitted :func:`~sb3_worldmodels.tdmpc2.networks.init_params`; ``config`` is static."""
-act_jit = agent_jit(act, static_argnames=("eval_mode",))
-"""Jitted :func:`act`; ``config`` and ``eval_mode`` are static."""
+act_jit = agent_jit(act, static_argnames=("deterministic",))
+"""Jitted :func:`act`; ``config`` and ``deterministic`` are static."""
 train_many_jit = agent_jit(train_many)
 """Jitted :func:`train_many`; ``config`` is static."""
 predict_rollout_jit = agent_jit(predict_rollout)

@@ -22,6 +22,7 @@ from sb3_worldmodels.common.vec_env import vec_agent_steps_per_episode
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks
 from sb3_worldmodels.tdmpc2.config import TDMPC2Config, planner_iterations, preset
+from sb3_worldmodels.tdmpc2.upgrade import EarlierCheckpoints
 
 if TYPE_CHECKING:
     from sb3_worldmodels.tdmpc2.multitask import TDMPC2MultiTask
@@ -60,7 +61,7 @@ def _observation_array(obs: AgentObservation) -> np.ndarray:
     return obs
 
 
-class TDMPC2(WorldModelAlgorithm):
+class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
     """TD-MPC2 (nicklashansen/tdmpc2 @b67b21c) for flat observations and Box actions, or 64 x 64
     images (the pixel encoder of the later upstream code, @eece801).
 
@@ -90,7 +91,8 @@ class TDMPC2(WorldModelAlgorithm):
         it an env that terminates is refused.
     :param num_channels: channels of the pixel encoder's convolutions, for an image observation
         (64 x 64, channel-last or channel-first, e.g. ``make_dmc_env(task, pixels=True, frame_stack=3)``);
-        num_channels x 16 must equal ``latent_dim`` (model_size 5 with the default 32).
+        num_channels x 16 must equal ``latent_dim``. None: ``latent_dim // 16`` (32 at model_size 5,
+        the reference's; docs/deviations.md T20).
     """
 
     agent_name = "TD-MPC2"
@@ -112,7 +114,6 @@ class TDMPC2(WorldModelAlgorithm):
         fixed_depth=2,
         own_choices="activations (Mish after LayerNorm, layers.py@b67b21c) and optimiser (Adam)",
     )
-    renamed_state_leaves = {"state/['agent'].lr": "state/['agent'].learning_rate"}  # noqa: RUF012
     # Hyperparameters read by the shell (stored by the base class; every config field is one too).
     episode_length: int | None
     seed_steps: int | None
@@ -131,7 +132,7 @@ class TDMPC2(WorldModelAlgorithm):
         num_enc_layers: int | None = None,
         num_q: int | None = None,
         simnorm_dim: int = _D.simnorm_dim,
-        num_channels: int = _D.num_channels,
+        num_channels: int | None = _D.num_channels,
         dropout: float = _D.dropout,
         q_dropout: str = _D.q_dropout,
         dropout_masks: str = _D.dropout_masks,
@@ -251,7 +252,8 @@ class TDMPC2(WorldModelAlgorithm):
                 f"{', '.join(sorted(kwargs))} change the networks' shapes: the agent cannot take the "
                 "multi-task model's parameters (leave the architecture to the model)."
             )
-        agent_state = core.with_params(state["agent"], params, target)._replace(scale=model.state.scale)
+        agent_state = core.with_params(agent._config, state["agent"], params, target)
+        agent_state = agent_state._replace(scale=model.state.scale)
         agent.policy.state = {**state, "agent": agent_state}
         return agent
 
@@ -363,7 +365,7 @@ class TDMPC2(WorldModelAlgorithm):
                 self._rollout.prev_mean,
                 jnp.asarray(self._rollout.first),
                 step_key,
-                eval_mode=False,
+                deterministic=False,
             )
             self._rollout = self._rollout._replace(prev_mean=mean)
             action = np.asarray(action)
@@ -499,7 +501,7 @@ class TDMPC2(WorldModelAlgorithm):
             jnp.asarray(pad_rows(prev, rows)),
             jnp.asarray(pad_rows(first, rows)),
             jnp.asarray(pad_rows(keys, rows)),
-            eval_mode=bool(deterministic),
+            deterministic=bool(deterministic),
         )
         return self._env_actions(np.asarray(action)[:n], vectorized), (np.asarray(mean)[:n],)
 

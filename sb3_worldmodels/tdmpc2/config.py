@@ -76,13 +76,13 @@ class TDMPC2Config:
     """K, members of the Q ensemble (``num_q``, config.yaml:58@b67b21c)."""
     simnorm_dim: int = 8
     """Group size of SimNorm (config.yaml:60@b67b21c)."""
-    num_channels: int = 32
+    num_channels: int | None = None
     """Output channels of each of the pixel encoder's four convolutions (``num_channels``,
-    config.yaml:58@eece801; no model size changes it). The flattened map of a 64 x 64 image is
+    config.yaml:58@eece801, 32 at every model size there). The flattened map of a 64 x 64 image is
     num_channels x 4 x 4 wide and is the latent itself (not projected, layers.py:136-150@eece801), so
-    it must equal ``latent_dim``: 32 x 16 = 512 at model size 5 (the default); other sizes need
-    num_channels = latent_dim / 16: 8 at size 1 (latent 128), 48 at sizes 19 and 48, 86 at size 317 (the
-    reference, which has no such check, fails there with num_channels 32). Used only with an image."""
+    it must equal ``latent_dim``. None (the default): latent_dim / 16, set by :func:`preset` for an
+    image: the reference's 32 at model size 5, 8 at size 1 (latent 128), 48 at sizes 19 and 48, 86 at
+    size 317 (where the reference, with 32, fails; docs/deviations.md T20). Used only with an image."""
     dropout: float = 0.01
     """Dropout rate after the first affine layer of each Q member (config.yaml:59@b67b21c)."""
     q_dropout: str = "always"
@@ -136,8 +136,17 @@ class TDMPC2Config:
     # --- optimisers (tdmpc2.py:20-27) ---
     learning_rate: float = 3e-4
     """Learning rate of both Adams. The SB3 class leaves this field at its default (one compilation
-    for every rate) and writes its ``learning_rate`` (float or schedule) into the state (``lr``,
-    config.yaml:19@b67b21c)."""
+    for every rate) and writes its ``learning_rate`` (float or schedule) into the optimiser states
+    (``lr``, config.yaml:19@b67b21c)."""
+    beta1: float = 0.9
+    """Adam's first-moment decay, both optimisers (PyTorch's default: the reference gives no betas,
+    tdmpc2.py:20-27@b67b21c)."""
+    beta2: float = 0.999
+    """Adam's second-moment decay, both optimisers (PyTorch's default, tdmpc2.py:20-27@b67b21c)."""
+    eps: float = 1e-8
+    """Adam's epsilon of the world-model optimiser (PyTorch's default, tdmpc2.py:20-26@b67b21c)."""
+    pi_eps: float = 1e-5
+    """Adam's epsilon of the policy optimiser (``eps=1e-5``, tdmpc2.py:27@b67b21c)."""
     enc_lr_scale: float = 0.3
     """The encoder's learning rate is learning_rate * enc_lr_scale (config.yaml:20@b67b21c;
     tdmpc2.py:21@b67b21c)."""
@@ -247,7 +256,6 @@ PIXEL_FEATURE_CELLS = 16
 
 _RULES = {
     **dict.fromkeys(("action_dim", "enc_dim", "mlp_dim", "latent_dim", "num_enc_layers"), INT_AT_LEAST_1),
-    "num_channels": INT_AT_LEAST_1,
     **dict.fromkeys(
         ("num_q", "simnorm_dim", "num_bins", "batch_size", "horizon", "iterations"), INT_AT_LEAST_1
     ),
@@ -255,6 +263,8 @@ _RULES = {
     **dict.fromkeys(("reward_coef", "value_coef", "consistency_coef", "entropy_coef"), NON_NEGATIVE),
     **dict.fromkeys(("termination_coef", "num_pi_trajs", "enc_lr_scale"), NON_NEGATIVE),
     **dict.fromkeys(("learning_rate", "grad_clip_norm", "min_std", "max_std", "temperature"), POSITIVE),
+    **dict.fromkeys(("eps", "pi_eps"), POSITIVE),
+    **dict.fromkeys(("beta1", "beta2"), PROBABILITY_BELOW_1),
     **dict.fromkeys(("rho", "tau"), UNIT_HALF_OPEN),
     "discount": UNIT_OPEN,
     "dropout": PROBABILITY_BELOW_1,
@@ -274,6 +284,14 @@ def preset(model_size: int, **overrides) -> TDMPC2Config:
     if "image_shape" in overrides:  # a list after a JSON round trip; the config is hashed
         overrides["image_shape"] = tuple(int(v) for v in overrides["image_shape"])
     cfg = base.replace(**overrides)
+    if cfg.image_shape and cfg.num_channels is None:
+        if cfg.latent_dim % PIXEL_FEATURE_CELLS:
+            raise ValueError(
+                f"TD-MPC2: latent_dim={cfg.latent_dim} is not a multiple of 16, and the pixel encoder's "
+                "output, num_channels x 4 x 4, is the latent itself (not projected, layers.py:136-150"
+                "@eece801): give a latent_dim that is a multiple of 16 (every model size has one)."
+            )
+        cfg = cfg.replace(num_channels=cfg.latent_dim // PIXEL_FEATURE_CELLS)
     check_fields(cfg, _RULES, "TD-MPC2")
     if (
         cfg.num_bins < 2
@@ -333,6 +351,9 @@ def _check_observation(cfg: TDMPC2Config) -> None:
             "size (make_dmc_env(task, pixels=True) does) or resize them (gymnasium.wrappers."
             "ResizeObservation)."
         )
+    if cfg.num_channels is None:
+        raise ValueError("TD-MPC2: num_channels is set by preset() for an image; build the config with it.")
+    check_fields(cfg, {"num_channels": INT_AT_LEAST_1}, "TD-MPC2")
     width_out = cfg.num_channels * PIXEL_FEATURE_CELLS
     if width_out != cfg.latent_dim:
         raise ValueError(

@@ -38,6 +38,7 @@ from sb3_worldmodels.data.pool import TaskPool, load_pool
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks
 from sb3_worldmodels.tdmpc2.config import TDMPC2Config, preset
+from sb3_worldmodels.tdmpc2.upgrade import EarlierCheckpoints
 
 _DMC_TASKS = (
     "walker-stand", "walker-walk", "walker-run", "cheetah-run", "reacher-easy", "reacher-hard",
@@ -155,7 +156,7 @@ class MultiTaskEvalCallback(BaseCallback):
         return scores
 
 
-class TDMPC2MultiTask(Checkpointing, BaseAlgorithm):
+class TDMPC2MultiTask(EarlierCheckpoints, Checkpointing, BaseAlgorithm):
     """One TD-MPC2 model for the tasks of a pool, trained offline.
 
     :param data: a :class:`~sb3_worldmodels.data.pool.TaskPool` or the path of one; its tasks,
@@ -397,7 +398,7 @@ class TDMPC2MultiTask(Checkpointing, BaseAlgorithm):
             jnp.asarray(prev),
             jnp.asarray(first),
             keys,
-            eval_mode=bool(deterministic),
+            deterministic=bool(deterministic),
             task=jnp.asarray(tasks),
         )
         action = np.asarray(action)[:, : c.action_dims[k]]
@@ -479,7 +480,7 @@ class TDMPC2MultiTask(Checkpointing, BaseAlgorithm):
                 f"the checkpoint's layers do not have the shapes of a size-{model_size} model for this pool "
                 "(padded widths, action dims, task_dim): check model_size and the pool's tasks."
             )
-        model.state = core.with_params(model.state, params, target)
+        model.state = core.with_params(model.config, model.state, params, target)
         return model
 
     # ------------------------------------------------------------------ save / load

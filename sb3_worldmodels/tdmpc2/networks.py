@@ -1,8 +1,8 @@
 """TD-MPC2 networks as flax modules (layers.py:7-97@b67b21c, world_model.py:20-174@b67b21c,
 init.py:4-22@b67b21c, math.py:5-95@b67b21c).
 
-:class:`MLP` (of :class:`NormedLinear` and :class:`Linear` layers) is the one definition of every
-network; :func:`modules` builds the agent's set and the functions below (:func:`encode`,
+:class:`MLP` (of the shared :mod:`~sb3_worldmodels.blocks.layers`) is the one definition of every
+network; :func:`make_networks` builds the agent's set and the functions below (:func:`encode`,
 :func:`next_latent`, :func:`q_logits`, ...) apply them to the parameter tree of one agent
 (:func:`init_params`):
 
@@ -15,8 +15,9 @@ network; :func:`modules` builds the agent's set and the functions below (:func:`
 Multi-task networks read the task embedding of each row after their first input (the latent or the
 observation) and before the action (world_model.py:82-95@b67b21c): pass a :class:`Task`.
 
-A normed layer is ``{"kernel" (in, out), "bias" (out,), "ln_scale" (out,), "ln_bias" (out,)}``; a
-plain output layer ``{"kernel", "bias"}``. Kernels are (in, out), the transpose of PyTorch's weights.
+A normed layer is ``{"kernel" (in, out), "bias" (out,), "norm": {"scale" (out,), "bias" (out,)}}``
+(the reference's ``ln.weight`` and ``ln.bias``); a plain output layer ``{"kernel", "bias"}``. Kernels
+are (in, out), the transpose of PyTorch's weights.
 
 Pixel observations (later upstream code, @eece801): :class:`PixelEncoder`, the reference's ``conv``
 encoder (layers.py:36-71,136-164@eece801), on channel-last uint8 images (..., H, W, C) with the
@@ -31,9 +32,9 @@ Shape symbols: L latent, A action, O observation, K ensemble members, n bins.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from collections.abc import Callable
 from typing import NamedTuple
 
 import flax.linen as nn
@@ -41,11 +42,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sb3_worldmodels.blocks.convolution import conv2d
 from sb3_worldmodels.blocks.images import SHIFT_PAD, shift_images
-from sb3_worldmodels.blocks.layers import mish, simnorm
+from sb3_worldmodels.blocks.layers import (
+    Conv,
+    Dense,
+    NormedDense,
+    hidden_layers,
+    is_mask,
+    simnorm,
+    torch_default_uniform,
+)
 from sb3_worldmodels.blocks.math import symlog_twohot_mean
-from sb3_worldmodels.blocks.random import hash_bernoulli
 from sb3_worldmodels.tdmpc2.config import TDMPC2Config
 
 Array = jax.Array
@@ -57,139 +64,46 @@ INIT_STD = 0.02
 
 
 # ------------------------------------------------------------------------------------------------
-# Layers
+# The reference's mlp (layers.py:75-97@b67b21c) from the shared layers
 # ------------------------------------------------------------------------------------------------
 
 
-def layer_norm(x: Array, scale: Array, bias: Array, eps: float = LN_EPS) -> Array:
-    """PyTorch LayerNorm over the last axis: (x − mean) / sqrt(biased var + eps) · scale + bias."""
-    mean = jnp.mean(x, -1, keepdims=True)
-    var = jnp.mean(jnp.square(x - mean), -1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(var + eps) * scale + bias
-
-
-@jax.custom_vjp
-def layer_norm_mish(y: Array, scale: Array, bias: Array) -> Array:
-    """mish(layer_norm(y)), the hidden-layer activation, with a hand-written backward pass.
-
-    y (..., F), scale and bias (F,) → (..., F). The backward pass recomputes the forward from y (one
-    saved array) and applies the closed forms of both derivatives; autodiff's version of the same
-    math is about a third more elementwise work, which on CPU is as costly as the matmuls of a
-    small layer. Gradients agree with autodiff to float32 rounding (tested).
-    """
-    return mish(layer_norm(y, scale, bias))
-
-
-def _ln_mish_fwd(y: Array, scale: Array, bias: Array) -> tuple[Array, tuple[Array, Array, Array]]:
-    return mish(layer_norm(y, scale, bias)), (y, scale, bias)
-
-
-def _ln_mish_bwd(res: tuple[Array, Array, Array], g: Array) -> tuple[Array, Array, Array]:
-    y, scale, bias = res
-    centred = y - jnp.mean(y, -1, keepdims=True)
-    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(centred), -1, keepdims=True) + LN_EPS)
-    xhat = centred * rstd
-    u = xhat * scale + bias
-    e = jnp.exp(jnp.minimum(u, 20.0))
-    n = e * (e + 2.0)
-    inv = 1.0 / (n + 2.0)
-    # mish(u) = u·n/(n + 2), n = eᵘ(eᵘ + 2): mish'(u) = n/(n + 2) + u·4eᵘ(eᵘ + 1)/(n + 2)²; above 20
-    # the forward passes u through (blocks.layers.mish), so the second term is 0 there.
-    gu = g * (n * inv + jnp.where(u > 20.0, 0.0, 4.0 * u * e * (e + 1.0) * inv * inv))
-    lead = tuple(range(g.ndim - 1))
-    gx = gu * scale
-    dy = rstd * (gx - jnp.mean(gx, -1, keepdims=True) - xhat * jnp.mean(gx * xhat, -1, keepdims=True))
-    return dy, jnp.sum(gu * xhat, lead), jnp.sum(gu, lead)
-
-
-layer_norm_mish.defvjp(_ln_mish_fwd, _ln_mish_bwd)
-
-
-def dropout(x: Array, key: Array, rate: float, masks: str = "hash") -> Array:
-    """Inverted dropout: zero each element with probability ``rate``, scale the rest by 1/(1 − rate).
-
-    ``masks``: "hash" draws the mask with :func:`~sb3_worldmodels.blocks.random.hash_bernoulli`
-    (cheap on CPU), "threefry" with ``jax.random.bernoulli``. A bool ``key`` of x's shape is an
-    explicit keep-mask instead (used by the parity tests to replay recorded masks).
-    """
-    if _is_mask(key):
-        keep = key
-    elif masks == "threefry":
-        keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-    else:
-        keep = hash_bernoulli(key, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), 0.0)
-
-
-def _is_mask(key: Array) -> bool:
-    """Whether a dropout ``key`` is an explicit bool keep-mask rather than a PRNG key (trace-time)."""
-    return getattr(key, "dtype", None) == jnp.bool_
-
-
-class NormedLinear(nn.Module):
-    """Affine → optional dropout → LayerNorm(eps 1e-5) → activation (layers.py:50-72@b67b21c).
-
-    Params ``kernel`` (in, features) N(0, 0.02²), ``bias`` (features,) 0, ``ln_scale`` 1 and
-    ``ln_bias`` 0 (init.py:4-22@b67b21c). ``activation``: "mish" (hidden layers) or "simnorm" (the
-    latent outputs, groups of ``simnorm_dim``). ``drop`` = (key, rate, masks) of :func:`dropout`.
-    (..., in) → (..., features).
-    """
-
-    features: int
-    activation: str = "mish"
-    simnorm_dim: int = 8
-
-    @nn.compact
-    def __call__(self, x: Array, drop: tuple[Array, float, str] | None = None) -> Array:
-        width = (x.shape[-1], self.features)
-        kernel = self.param("kernel", nn.initializers.normal(INIT_STD), width, jnp.float32)
-        bias = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
-        ln_scale = self.param("ln_scale", nn.initializers.ones, (self.features,), jnp.float32)
-        ln_bias = self.param("ln_bias", nn.initializers.zeros, (self.features,), jnp.float32)
-        y = x @ kernel + bias
-        if drop is not None:
-            y = dropout(y, *drop)
-        if self.activation == "mish":
-            return layer_norm_mish(y, ln_scale, ln_bias)
-        return simnorm(layer_norm(y, ln_scale, ln_bias), self.simnorm_dim)
-
-
-class Linear(nn.Module):
-    """Plain affine output layer: ``kernel`` (in, features) N(0, 0.02²), or zeros when
-    ``zero_init`` (the reward head and every Q member, world_model.py:29-31@b67b21c); ``bias`` 0."""
-
-    features: int
-    zero_init: bool = False
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        init = nn.initializers.zeros if self.zero_init else nn.initializers.normal(INIT_STD)
-        kernel = self.param("kernel", init, (x.shape[-1], self.features), jnp.float32)
-        bias = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
-        return x @ kernel + bias
+INIT_STD = 0.02
+"""Std of every linear weight at init (``init.py:4-22``; the ±2 absolute truncation is a no-op)."""
 
 
 class MLP(nn.Module):
-    """The reference ``mlp`` (layers.py:75-97@b67b21c): :class:`NormedLinear` Mish layers of widths
-    ``hidden`` (dropout on the first one only), then the output layer: a SimNorm :class:`NormedLinear`
-    (``output`` "simnorm") or a :class:`Linear` ("linear", "zero": zero-initialised).
+    """The reference ``mlp`` (layers.py:75-97@b67b21c): ``layers`` NormedLinear layers of width ``units``
+    (affine → LayerNorm (eps 1e-5) → Mish; dropout on the first one only), then the output layer: a
+    SimNorm NormedLinear (``output`` "simnorm") or a plain linear layer ("linear"; "zero":
+    zero-initialised, the reward head and every Q member, world_model.py:29-31@b67b21c).
 
-    Layers are named "0", "1", ... as the reference's ``nn.Sequential``. (..., in) → (..., out).
+    Every kernel N(0, 0.02²), biases 0, LayerNorm scale 1 and offset 0 (init.py:4-22@b67b21c). Layers
+    are named "0", "1", ... as the reference's ``nn.Sequential``; a normed layer's parameters are
+    ``{"kernel" (in, out), "bias", "norm": {"scale", "bias"}}``, a plain one's ``{"kernel", "bias"}``.
+    (..., in) → (..., out).
     """
 
-    hidden: tuple[int, ...]
+    units: int
+    layers: int
     out: int
     output: str = "linear"
     simnorm_dim: int = 8
 
     @nn.compact
     def __call__(self, x: Array, drop: tuple[Array, float, str] | None = None) -> Array:
-        for i, width in enumerate(self.hidden):
-            x = NormedLinear(width, name=str(i))(x, drop if i == 0 else None)
-        last = str(len(self.hidden))
+        init = nn.initializers.normal(INIT_STD)
+        x = hidden_layers(
+            x, self.units, self.layers, "", act="mish", norm="layer", kernel_init=init, drop=drop
+        )
+        last = str(self.layers)
         if self.output == "simnorm":
-            return NormedLinear(self.out, "simnorm", self.simnorm_dim, name=last)(x)
-        return Linear(self.out, zero_init=self.output == "zero", name=last)(x)
+            head = NormedDense(
+                self.out, "simnorm", "layer", kernel_init=init, simnorm_dim=self.simnorm_dim, name=last
+            )
+            return head(x)
+        zero = self.output == "zero"
+        return Dense(self.out, kernel_init=nn.initializers.zeros if zero else init, name=last)(x)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -205,40 +119,23 @@ PIXEL_CONVS: tuple[tuple[str, int, int], ...] = (("2", 7, 2), ("4", 5, 2), ("6",
 reference's ``nn.Sequential`` (layers.py:142-147@eece801). Padding VALID (Conv2d's default 0)."""
 
 
-def torch_default_uniform(fan_in: int) -> Callable[..., Array]:
-    """Initialiser U(−1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's default ``nn.Conv2d`` init of the
-    weight (``kaiming_uniform_(a=sqrt(5))``) and of the bias, fan_in = in·kh·kw. The reference keeps it
-    for its convolutions: ``init.weight_init`` re-initialises Linear, Embedding and ParameterList only
-    (init.py:4-16@eece801, applied at world_model.py:31@eece801)."""
-    bound = 1.0 / math.sqrt(fan_in)
-
-    def init(key: Array, shape: tuple[int, ...], dtype: jnp.dtype = jnp.float32) -> Array:
-        return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-    return init
-
-
-class Conv2d(nn.Module):
-    """``nn.Conv2d(in, features, kernel_size, stride)`` on channel-last images, VALID padding.
-
-    Params ``kernel`` (k, k, in, features) and ``bias`` (features,), both U(±1/sqrt(k·k·in))
-    (:func:`torch_default_uniform`). (N, H, W, in) → (N, (H − k) // stride + 1, (W − k) // stride + 1,
-    features). Cross-correlation (no kernel flip), as PyTorch; computed by
-    :func:`~sb3_worldmodels.blocks.convolution.conv2d` (also fast inside a training call's scan).
-    """
-
-    features: int
-    kernel_size: int
-    stride: int = 1
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        k = self.kernel_size
-        shape = (k, k, x.shape[-1], self.features)
-        init = torch_default_uniform(k * k * x.shape[-1])
-        kernel = self.param("kernel", init, shape, jnp.float32)
-        bias = self.param("bias", init, (self.features,), jnp.float32)
-        return conv2d(x, kernel, self.stride, padding="VALID") + bias
+def _conv(features: int, kernel: int, stride: int, channels: int, name: str) -> Conv:
+    """``nn.Conv2d(channels, features, kernel, stride)``: VALID padding, no norm or activation, kernel
+    and bias U(±1/sqrt(k·k·channels)), PyTorch's default, which the reference keeps for its
+    convolutions (``init.weight_init`` re-initialises Linear, Embedding and ParameterList only,
+    init.py:4-16@eece801, applied at world_model.py:31@eece801)."""
+    init = torch_default_uniform(kernel * kernel * channels)
+    return Conv(
+        features,
+        kernel,
+        stride,
+        padding="VALID",
+        norm="none",
+        act="none",
+        kernel_init=init,
+        bias_init=init,
+        name=name,
+    )
 
 
 def pixel_feature_shape(height: int = 64, width: int = 64) -> tuple[int, int]:
@@ -299,7 +196,7 @@ class PixelEncoder(nn.Module):
         x = x.astype(jnp.float32) / 255.0 - 0.5
         self.sow("intermediates", "preprocessed", x)
         for i, (name, kernel, stride) in enumerate(PIXEL_CONVS):
-            x = Conv2d(self.num_channels, kernel, stride, name=name)(x)
+            x = _conv(self.num_channels, kernel, stride, x.shape[-1], name)(x)
             self.sow("intermediates", f"conv{name}", x)
             if i < len(PIXEL_CONVS) - 1:
                 x = jax.nn.relu(x)
@@ -313,7 +210,8 @@ def init_pixel_encoder(
     key: Array, image_shape: tuple[int, int, int], num_channels: int = NUM_CHANNELS, simnorm_dim: int = 8
 ) -> dict:
     """Fresh :class:`PixelEncoder` parameters for (H, W, C) images: every kernel and bias
-    U(±1/sqrt(fan_in)), PyTorch's Conv2d default (:func:`torch_default_uniform`)."""
+    U(±1/sqrt(fan_in)), PyTorch's Conv2d default
+    (:func:`~sb3_worldmodels.blocks.layers.torch_default_uniform`)."""
     encoder = PixelEncoder(num_channels, simnorm_dim)
     params: dict = encoder.init(key, jnp.zeros((1, *image_shape), jnp.uint8))["params"]
     return params
@@ -324,29 +222,51 @@ def init_pixel_encoder(
 # ------------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class Networks:
+    """The module objects of one agent (world_model.py:24-31@b67b21c); parameters live in the state.
+    ``qs`` is one Q member: the K members share its definition and stack their parameters on a
+    leading axis (:func:`q_logits`)."""
+
+    encoder: nn.Module
+    """The state MLP, or the :class:`PixelEncoder` for an image (layers.py:153-164@eece801)."""
+    dynamics: MLP
+    reward: MLP
+    pi: MLP
+    qs: MLP
+    termination: MLP | None = None
+    """Episodic only (world_model.py:28@7ec6bc8)."""
+
+    def named(self) -> dict[str, nn.Module]:
+        """The networks by parameter-tree name, in the order of their initialisation."""
+        nets = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        return {name: net for name, net in nets.items() if net is not None}
+
+
 @functools.cache
-def modules(config: TDMPC2Config) -> dict[str, nn.Module]:
-    """The agent's networks by parameter-tree name (world_model.py:24-31@b67b21c; the termination
-    head of world_model.py:28@7ec6bc8 when episodic). ``"qs"`` is one Q member; the K members share
-    its definition and stack their parameters on a leading axis (:func:`q_logits`). The encoder is
-    the state MLP, or the :class:`PixelEncoder` for an image observation (layers.py:153-164@eece801)."""
-    lat, act, hid = config.latent_dim, config.action_dim, config.mlp_dim
-    norm = config.simnorm_dim
+def make_networks(config: TDMPC2Config) -> Networks:
+    """Build (and cache per config) the flax modules of an agent."""
+    lat, hid, norm = config.latent_dim, config.mlp_dim, config.simnorm_dim
     encoder: nn.Module
     if config.image_shape:
-        encoder = PixelEncoder(config.num_channels, norm)
+        encoder = PixelEncoder(_num_channels(config), norm)
     else:
-        encoder = MLP((config.enc_dim,) * max(config.num_enc_layers - 1, 1), lat, "simnorm", norm)
-    nets: dict[str, nn.Module] = {
-        "encoder": encoder,
-        "dynamics": MLP((hid, hid), lat, "simnorm", norm),
-        "reward": MLP((hid, hid), config.num_bins, "zero"),
-        "pi": MLP((hid, hid), 2 * act),
-        "qs": MLP((hid, hid), config.num_bins, "zero"),
-    }
-    if config.episodic:
-        nets["termination"] = MLP((hid, hid), 1)
-    return nets
+        encoder = MLP(config.enc_dim, max(config.num_enc_layers - 1, 1), lat, "simnorm", norm)
+    return Networks(
+        encoder=encoder,
+        dynamics=MLP(hid, 2, lat, "simnorm", norm),
+        reward=MLP(hid, 2, config.num_bins, "zero"),
+        pi=MLP(hid, 2, 2 * config.action_dim),
+        qs=MLP(hid, 2, config.num_bins, "zero"),
+        termination=MLP(hid, 2, 1) if config.episodic else None,
+    )
+
+
+def _num_channels(config: TDMPC2Config) -> int:
+    """The pixel encoder's channels (set by :func:`~sb3_worldmodels.tdmpc2.config.preset` for an image)."""
+    if config.num_channels is None:
+        raise ValueError("TD-MPC2: an image config needs num_channels; build it with preset().")
+    return config.num_channels
 
 
 def _input_width(config: TDMPC2Config, name: str) -> int:
@@ -369,7 +289,7 @@ def init_params(config: TDMPC2Config, key: Array) -> tuple[dict, dict]:
     LayerNorm scale 1 and offset 0, the last layers of the reward head and of every Q member zero;
     the target Qs a copy; a multi-task embedding U(−0.02, 0.02) (init.py:4-22@b67b21c,
     world_model.py:29-31@b67b21c). Traceable."""
-    nets = modules(config)
+    nets = make_networks(config).named()
     if config.multitask:  # single-task draws stay those of the key itself
         key, task_key = jax.random.split(key)
     keys = dict(zip(nets, jax.random.split(key, len(nets)), strict=True))
@@ -379,7 +299,7 @@ def init_params(config: TDMPC2Config, key: Array) -> tuple[dict, dict]:
         if name == "encoder" and config.image_shape:
             height, width, channels = config.image_shape
             image = (height, width, channels)
-            params[name] = init_pixel_encoder(keys[name], image, config.num_channels, config.simnorm_dim)
+            params[name] = init_pixel_encoder(keys[name], image, _num_channels(config), config.simnorm_dim)
         elif name == "qs":  # K independently initialised members, stacked
             params[name] = jax.vmap(init)(jax.random.split(keys[name], config.num_q))
         else:
@@ -391,8 +311,8 @@ def init_params(config: TDMPC2Config, key: Array) -> tuple[dict, dict]:
 
 
 def _run(config: TDMPC2Config, name: str, params: dict, x: Array, drop: tuple | None = None) -> Array:
-    """Module ``name`` of :func:`modules` applied to x with its parameters ``params``."""
-    out: Array = modules(config)[name].apply({"params": params}, x, drop)  # type: ignore[assignment]
+    """Network ``name`` of :func:`make_networks` applied to x with its parameters ``params``."""
+    out: Array = getattr(make_networks(config), name).apply({"params": params}, x, drop)
     return out
 
 
@@ -460,8 +380,7 @@ def encode(
     if config.image_shape:
         if task is not None:
             raise ValueError("a multi-task TD-MPC2 encodes state observations only (no images).")
-        encoder = modules(config)["encoder"]
-        latent: Array = encoder.apply({"params": params["encoder"]}, obs, shifts)  # type: ignore[assignment]
+        latent: Array = make_networks(config).encoder.apply({"params": params["encoder"]}, obs, shifts)  # type: ignore[assignment]
         return latent
     return _run(config, "encoder", params["encoder"], _with_task(obs, task))
 
@@ -508,7 +427,7 @@ def _members_logits(config: TDMPC2Config, members: dict, x: Array, key: Array | 
     if key is None:
         return jax.vmap(lambda p: _run(config, "qs", p, x))(members)
     drop = (config.dropout, config.dropout_masks)
-    keys = key if _is_mask(key) else jax.random.split(key, count)
+    keys = key if is_mask(key) else jax.random.split(key, count)
     return jax.vmap(lambda p, k: _run(config, "qs", p, x, (k, *drop)))(members, keys)
 
 
@@ -528,7 +447,7 @@ def q_pair_value(
     values, and at K = 5 less than half the work; docs/deviations.md T11).
     """
     members = jax.tree_util.tree_map(lambda x: x[pair], qs)
-    if key is not None and _is_mask(key):  # explicit masks of all K members: keep the pair's
+    if key is not None and is_mask(key):  # explicit masks of all K members: keep the pair's
         key = key[pair]
     logits = _members_logits(config, members, jnp.concatenate([_with_task(z, task), action], -1), key, 2)
     values = decode(config, logits)

@@ -2,7 +2,7 @@
 
 The reference saves ``{"model": WorldModel.state_dict()}`` (``tdmpc2.py`` ``save``). Its PyTorch
 layouts map onto :mod:`.networks`' tree as follows: a ``Linear`` weight (out, in) becomes our kernel
-(in, out); a ``NormedLinear``'s ``ln.weight`` / ``ln.bias`` our ``ln_scale`` / ``ln_bias``; the Q
+(in, out); a ``NormedLinear``'s ``ln.weight`` / ``ln.bias`` our ``norm`` ``scale`` / ``bias``; the Q
 ensemble's flat ``_Qs.params.j`` list holds, per member layer i, weight, bias, LayerNorm weight and
 LayerNorm bias at j = 4i … 4i + 3, and the last layer's weight and bias at the end. A multi-task
 model's ``_task_emb.weight`` (tasks, task_dim) is our ``task_emb``.
@@ -41,10 +41,9 @@ def _module(sd: Mapping[str, Any], prefix: str) -> dict:
     layers = {}
     for i in indices:
         name = f"{prefix}.{i}"
-        layer = {"kernel": _numpy(sd[f"{name}.weight"]).T, "bias": _numpy(sd[f"{name}.bias"])}
+        layer: dict[str, Any] = {"kernel": _numpy(sd[f"{name}.weight"]).T, "bias": _numpy(sd[f"{name}.bias"])}
         if f"{name}.ln.weight" in sd:
-            layer["ln_scale"] = _numpy(sd[f"{name}.ln.weight"])
-            layer["ln_bias"] = _numpy(sd[f"{name}.ln.bias"])
+            layer["norm"] = {"scale": _numpy(sd[f"{name}.ln.weight"]), "bias": _numpy(sd[f"{name}.ln.bias"])}
         layers[str(i)] = layer
     return layers
 
@@ -59,7 +58,7 @@ def _ensemble(sd: Mapping[str, Any], prefix: str) -> dict:
     layers = {}
     for i in range(hidden):
         w, b, s, o = p[4 * i : 4 * i + 4]
-        layers[str(i)] = {"kernel": np.swapaxes(w, 1, 2), "bias": b, "ln_scale": s, "ln_bias": o}
+        layers[str(i)] = {"kernel": np.swapaxes(w, 1, 2), "bias": b, "norm": {"scale": s, "bias": o}}
     layers[str(hidden)] = {"kernel": np.swapaxes(p[-2], 1, 2), "bias": p[-1]}
     return layers
 
