@@ -119,6 +119,9 @@ EXTENDED_TESTS = {
         "online learning after offline training"
     ),
     "test_tdmpc2_sb3.py::test_probe_learns_the_rewarding_action": "learns a probe",
+    "test_breaks.py::test_each_dreamerv3_switch_changes_its_term": (
+        "an image agent's update compiled once per break switch"
+    ),
     "test_compat.py::test_vec_frame_stack": "stacked frames through learn",
     "test_envs.py::test_headless_rendering_is_chosen_without_a_display_and_a_missing_renderer_says_how": (
         "renderer subprocesses"

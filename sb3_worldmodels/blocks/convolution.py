@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sb3_worldmodels.blocks.breaks import broken
+
 Array = jax.Array
 
 _NUMBERS = ("NHWC", "HWIO", "NHWC")
@@ -51,7 +53,7 @@ def _conv_stride1_bwd(
     k = kernel.shape[0]
     low, high = pads
     # dx[v] = sum_i grad[v + low - i] kernel[i]: the flipped kernel, input and output channels swapped.
-    flipped = jnp.swapaxes(kernel[::-1, ::-1], 2, 3)
+    flipped = jnp.swapaxes(kernel if broken("conv_input_grad_flip") else kernel[::-1, ::-1], 2, 3)
     dx = conv_stride1(grad, flipped, (k - 1 - low, k - 1 - high))
     # dkernel[i, j, c, o] = sum_{n,h,w} x_padded[n, h + i, w + j, c] grad[n, h, w, o]: images as the
     # contracted channels, x's channels as the batch.
@@ -92,10 +94,13 @@ def _depth_to_space(y: Array, channels: int) -> Array:
 
 
 @functools.cache
-def _block_taps(k: int, stride: int, low: int, transpose: bool) -> tuple[np.ndarray, tuple[int, int]]:
+def _block_taps(
+    k: int, stride: int, low: int, transpose: bool, shift: int = 0
+) -> tuple[np.ndarray, tuple[int, int]]:
     """One axis of the block kernel: a 0/1 array S (offsets, input phases, output phases, k) with
     S[d, q, p, i] = 1 where kernel tap i joins output phase p to input phase q of the block d − dmin
-    away, and the (low, high) padding, in blocks, of the block convolution."""
+    away, and the (low, high) padding, in blocks, of the block convolution. ``shift``: input pixels
+    every tap is moved by (0; the break ``conv_block_taps``)."""
     b = _BLOCK
     taps = []
     if transpose:  # output u = b·a + p reads dilated input u + i − low, nonzero at multiples of b
@@ -107,7 +112,7 @@ def _block_taps(k: int, stride: int, low: int, transpose: bool) -> tuple[np.ndar
     else:  # output u = (b/stride)·a + p reads input stride·u + i − low = b·(a + d) + q
         for p in range(b // stride):
             for i in range(k):
-                t = stride * p + i - low
+                t = stride * p + i - low + shift
                 taps.append((t // b, t % b, p, i))
     dmin = min(t[0] for t in taps)
     dmax = max(t[0] for t in taps)
@@ -157,7 +162,8 @@ def _conv2d_blocks(x: Array, kernel: Array, stride: int, transpose: bool, low: i
     out = kernel.shape[-1]
     if transpose and stride == 1:  # conv_transpose at stride 1: a convolution with its padding
         transpose = False
-    select, pads = _block_taps(kernel.shape[0], stride, low, transpose)
+    shift = 1 if broken("conv_block_taps") else 0
+    select, pads = _block_taps(kernel.shape[0], stride, low, transpose, shift)
     offsets, in_phases, out_phases = select.shape[:3]
     s = jnp.asarray(select, kernel.dtype)
     # A 0/1 selection of the kernel's taps: exact at any matmul precision with HIGHEST.

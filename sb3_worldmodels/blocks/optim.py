@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from sb3_worldmodels.blocks.breaks import broken
+
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 
@@ -65,7 +67,7 @@ def scale_by_agc(clip: float = 0.3, pmin: float = 1e-3) -> optax.GradientTransfo
         def clip_leaf(g: Array, w: Array) -> Array:
             upd_norm = jnp.linalg.norm(g.reshape(-1))
             param_norm = jnp.linalg.norm(w.reshape(-1))
-            limit = clip * jnp.maximum(pmin, param_norm)
+            limit = clip * (param_norm if broken("agc_limit") else jnp.maximum(pmin, param_norm))
             return g / jnp.maximum(1.0, upd_norm / limit)
 
         return jax.tree_util.tree_map(clip_leaf, updates, params), state
@@ -145,7 +147,8 @@ def scale_by_warmup(warmup: int = 1000) -> optax.GradientTransformation:
     def update_fn(updates: Any, state: WarmupState, params: Any = None) -> tuple[Any, WarmupState]:
         del params
         if warmup > 0:
-            factor = jnp.clip(state.count.astype(jnp.float32) / warmup, 0.0, 1.0)
+            count = state.count + 1 if broken("warmup") else state.count
+            factor = jnp.clip(count.astype(jnp.float32) / warmup, 0.0, 1.0)
             updates = jax.tree_util.tree_map(lambda g: g * factor, updates)
         return updates, WarmupState(count=optax.safe_increment(state.count))
 

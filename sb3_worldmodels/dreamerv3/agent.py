@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sb3_worldmodels.blocks.breaks import broken
 from sb3_worldmodels.blocks.distributions import (
     balance_stats,
     bernoulli_log_prob,
@@ -553,6 +554,12 @@ def loss_fn(
         "critic": config.critic_scale,
         "repval": config.repval_scale,
     }
+    if broken("rep_scale"):
+        scales["rep"] = config.dyn_scale
+    if broken("repval_scale"):
+        scales["repval"] = 1.0
+    if broken("image_loss_scale"):
+        scales["rec_image"] = 0.5 * config.rec_image_scale
     means = {k: v.mean() for k, v in losses.items()}
     total: Array = sum(scales[k] * means[k] for k in losses)  # type: ignore[assignment]
     metrics = _loss_metrics(config, means, total, wm, imag, rows, retnorm, replay_ret, losses["rew"])
@@ -636,12 +643,14 @@ def world_model_loss(
     dec_out, rew_logits, replay_logits = heads["dec"], heads["rew"], heads["critic"]
     con_logits = heads["con"][..., 0]
     dyn_kl = categorical_kl(sg(post), prior).sum(-1)
-    rep_kl = categorical_kl(post, sg(prior)).sum(-1)
+    rep_kl = categorical_kl(post, prior if broken("rep_stop_gradient") else sg(prior)).sum(-1)
     losses = {
         **reconstruction_losses(config, dec_out, rows["obs"]),
         "rew": -twohot_log_prob(rew_logits, rows["reward"], bins),
-        "con": -bernoulli_log_prob(con_logits, rows["cont"] * config.gamma),
-        "dyn": free_nats(dyn_kl, config.free_nats),
+        "con": -bernoulli_log_prob(
+            con_logits, rows["cont"] * (1.0 if broken("continue_target") else config.gamma)
+        ),
+        "dyn": dyn_kl if broken("free_nats") else free_nats(dyn_kl, config.free_nats),
         "rep": free_nats(rep_kl, config.free_nats),
     }
     tensors = {
@@ -704,22 +713,26 @@ def imagination_loss(
         [cont.reshape(n, 1), img.cont[1:].T, jax.nn.sigmoid(last_con_logits)[:, None]], 1
     )
     img_reward, img_cont = sg(img_reward), sg(img_cont)
-    weight = sg(imagination_weight(img_cont))
+    weight = sg(jnp.ones_like(img_cont) if broken("imagination_weight") else imagination_weight(img_cont))
     value = jnp.concatenate(
         [twohot_mean(critic_logits, bins).T, twohot_mean(last_critic_logits, bins)[:, None]], 1
     )
     slow_value = sg(img.slow_value)  # (H, N)
 
-    ret = sg(imagined_lambda_return(img_reward, img_cont, sg(value), config.lam))  # (N, H)
-    retnorm = percentile_norm_update(retnorm, ret, config.retnorm_rate)
+    lam = 1.0 if broken("lambda") else config.lam
+    ret = sg(imagined_lambda_return(img_reward, img_cont, sg(value), lam))  # (N, H)
+    retnorm_rate = 2 * config.retnorm_rate if broken("retnorm_rate") else config.retnorm_rate
+    retnorm = percentile_norm_update(retnorm, ret, retnorm_rate)
     _, ret_scale = percentile_norm_scale(retnorm, config.retnorm_limit)
-    adv = sg((ret - value[:, :-1]) / ret_scale)
+    adv = sg(ret - value[:, :-1]) if broken("return_normaliser") else sg((ret - value[:, :-1]) / ret_scale)
     log_pi = _actor_log_prob(config, dist, img.action).T
     entropy = actor_entropy(config, dist).T
     critic_lp = twohot_log_prob(critic_logits, ret.T, bins)
-    critic_lp += config.slowreg * twohot_log_prob(critic_logits, slow_value, bins)
+    slowreg = 0.0 if broken("slowreg") else config.slowreg
+    critic_lp += slowreg * twohot_log_prob(critic_logits, slow_value, bins)
+    actent = 0.0 if broken("actor_entropy") else config.actent
     losses = {
-        "actor": -weight[:, :-1] * (log_pi * adv + config.actent * entropy),
+        "actor": -weight[:, :-1] * (log_pi * adv + actent * entropy),
         "critic": -weight[:, :-1] * critic_lp.T,
     }
     tensors = {
@@ -864,7 +877,9 @@ def update_with_noise(
     (_, aux), grads = grad_fn(config, state.params, state.slow_critic, state.retnorm, batch, noise)
     updates, opt_state = make_optimizer(config).update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    slow_critic = ema_update(state.slow_critic, params["critic"], config.slow_rate, state.updates == 0)
+    slow_rate = 0.5 * config.slow_rate if broken("slow_critic_rate") else config.slow_rate
+    first = state.updates < 0 if broken("slow_critic_copy") else state.updates == 0
+    slow_critic = ema_update(state.slow_critic, params["critic"], slow_rate, first)
     metrics = dict(aux["metrics"])
     metrics.update(
         grad_norm=global_norm(grads),

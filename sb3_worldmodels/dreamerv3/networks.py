@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sb3_worldmodels.blocks.breaks import broken
 from sb3_worldmodels.blocks.distributions import normal_head, onehot_mode, unimix_logits
 from sb3_worldmodels.blocks.layers import (
     PREPARED,
@@ -155,7 +156,8 @@ class Encoder(nn.Module):
                 hidden_layers(symlog(jnp.asarray(vector, jnp.float32)), self.units, self.layers, "mlp")
             )
         if self.depths:
-            x = jnp.asarray(image, jnp.float32) * PIXEL_SCALE - 0.5
+            x = jnp.asarray(image, jnp.float32) * PIXEL_SCALE
+            x = x if broken("pixel_offset") else x - 0.5
             if any(self.padding[0] + self.padding[1]):
                 x = jnp.pad(x, [(0, 0)] * (x.ndim - 3) + [*self.padding, (0, 0)])
             for i, depth in enumerate(self.depths):
@@ -213,7 +215,8 @@ class Decoder(nn.Module):
         deter, stoch = feat[..., : self.deter], feat[..., self.deter :]
         x0 = BlockLinear(h * w * depth, g, name="space0")(deter)
         x0 = x0.reshape(*x0.shape[:-1], g, h, w, depth // g)
-        x0 = jnp.moveaxis(x0, -4, -2).reshape(*x0.shape[:-4], h, w, depth)
+        x0 = x0 if broken("decoder_space_layout") else jnp.moveaxis(x0, -4, -2)
+        x0 = x0.reshape(*x0.shape[:-4], h, w, depth)
         x1 = NormedDense(2 * self.units, name="space1hid")(stoch)
         x1 = Dense(h * w * depth, name="space1")(x1).reshape(*x1.shape[:-1], h, w, depth)
         x = jax.nn.silu(RMSNorm(name="spacenorm")(x0 + x1))

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sb3_worldmodels.blocks.breaks import broken
 from sb3_worldmodels.blocks.images import random_shifts, shift_images
 from sb3_worldmodels.blocks.jit import agent_jit, scan_updates
 from sb3_worldmodels.blocks.math import symlog_twohot_log_prob
@@ -131,8 +132,9 @@ def make_optimizers(config: TDMPC2Config) -> Optimizers:
     """The world model's and the policy's Adam, each with the learning rate in its state (the SB3
     class writes its schedule there, :func:`set_learning_rate`)."""
     betas = (config.beta1, config.beta2)
+    enc_lr_scale = 1.0 if broken("encoder_lr") else config.enc_lr_scale
     return Optimizers(
-        world_model=adam(config.learning_rate, *betas, config.eps, {"encoder": config.enc_lr_scale}),
+        world_model=adam(config.learning_rate, *betas, config.eps, {"encoder": enc_lr_scale}),
         policy=adam(config.learning_rate, *betas, config.pi_eps),
     )
 
@@ -190,7 +192,13 @@ def _dropout_on(config: TDMPC2Config, train: bool) -> bool:
 
 
 def _rho(config: TDMPC2Config, n: int) -> Array:
+    """(n,) ρ^t, the temporal weights of the reward, value and policy losses."""
     return jnp.asarray(config.rho ** np.arange(n), jnp.float32)
+
+
+def _loss_rho(config: TDMPC2Config) -> Array:
+    """(H,) the reward and value losses' ρ^t."""
+    return jnp.ones(config.horizon) if broken("rho") else _rho(config, config.horizon)
 
 
 def td_target(
@@ -215,6 +223,8 @@ def td_target(
     _, action, _, _ = N.policy(config, params, next_z, eps, cond)
     q = N.q_pair_value(config, target_qs, next_z, action, pair, dropout_key, "min", cond)
     cont = 1.0 if terminated is None else 1.0 - terminated
+    if broken("td_discount"):
+        return reward + cont * q, {"td_pi_action": action, "td_q_target_min": q}
     return reward + discount(config, task) * cont * q, {"td_pi_action": action, "td_q_target_min": q}
 
 
@@ -249,7 +259,8 @@ def world_model_loss(
     terminated = batch.get("terminated") if config.episodic else None
     task = batch["task"] if config.multitask else None
     cond = None if task is None else N.task_conditioning(config, params, task)
-    next_z = sg(N.encode(config, params, obs[1:], cond))
+    next_z = N.encode(config, params, obs[1:], cond)
+    next_z = next_z if broken("td_stop_gradient") else sg(next_z)
     td, td_parts = td_target(
         config,
         sg(params),
@@ -313,7 +324,7 @@ def reward_loss(config: TDMPC2Config, logits: Array, reward: Array) -> Array:
     """mean_t ρ^t·mean_B of the reward head's soft cross-entropy: logits (H, B, n) against the rewards
     (H, B) two-hot in symlog space (tdmpc2.py:244-249@b67b21c) → ()."""
     ce = -symlog_twohot_log_prob(logits, reward, config.num_bins, config.vmin, config.vmax)  # (H, B)
-    return jnp.sum(ce.mean(-1) * _rho(config, config.horizon)) * (1.0 / config.horizon)
+    return jnp.sum(ce.mean(-1) * _loss_rho(config)) * (1.0 / config.horizon)
 
 
 def value_loss(config: TDMPC2Config, q_logits: Array, td_targets: Array) -> Array:
@@ -322,7 +333,7 @@ def value_loss(config: TDMPC2Config, q_logits: Array, td_targets: Array) -> Arra
     bins = (config.num_bins, config.vmin, config.vmax)
     ce = -symlog_twohot_log_prob(q_logits, td_targets[None], *bins)  # (K, H, B)
     h = config.horizon
-    return jnp.sum(ce.mean(-1) * _rho(config, h)) * (1.0 / (h * config.num_q))
+    return jnp.sum(ce.mean(-1) * _loss_rho(config)) * (1.0 / (h * config.num_q))
 
 
 def termination_loss(logits: Array, terminated: Array) -> Array:
@@ -346,7 +357,10 @@ def weighted_world_model_loss(
     """Σ coefficient·term of :func:`world_model_loss` → (total, (losses, tensors)), what the world
     model's step differentiates."""
     losses, tensors = world_model_loss(config, wm, pi, target_qs, batch, noise)
-    weighted = [getattr(config, LOSS_COEFS[name]) * loss for name, loss in losses.items()]
+    coefs = {name: getattr(config, field) for name, field in LOSS_COEFS.items()}
+    if broken("consistency_coef"):
+        coefs["consistency"] *= 0.5
+    weighted = [coefs[name] * loss for name, loss in losses.items()]
     total = weighted[0]
     for term in weighted[1:]:
         total = total + term
@@ -369,10 +383,11 @@ def policy_loss(
     _, action, log_pi, _ = N.policy(config, {"pi": pi}, zs, noise.eps_pi, task)
     drop = _dropout_key(config, noise.dropout, 2, train=True)
     q = N.q_pair_value(config, sg(qs), zs, action, noise.pair_pi, drop, "avg", task)
-    scale = running_scale_update(scale, q[0], config.tau)
-    scaled = running_scale_apply(scale, q)
+    scale = running_scale_update(scale, q[0], 2 * config.tau if broken("running_scale_rate") else config.tau)
+    scaled = q if broken("running_scale") else running_scale_apply(scale, q)
     rho = _rho(config, config.horizon + 1)
-    loss = jnp.mean(jnp.mean(config.entropy_coef * log_pi - scaled, -1) * rho)
+    entropy_coef = 0.0 if broken("entropy_coef") else config.entropy_coef
+    loss = jnp.mean(jnp.mean(entropy_coef * log_pi - scaled, -1) * rho)
     return loss, {"scale": scale, "q_avg_unscaled": q, "action": action, "log_pi": log_pi}
 
 
@@ -399,9 +414,10 @@ def update_with_noise(
 
     # Clip jointly with the policy's stale gradient (tdmpc2.py:180,232,267@b67b21c), then Adam.
     wm_sq = squared_global_norm(grads)
-    stale = state.pi_grad_sq if config.stale_pi_grad_in_clip else 0.0
+    stale = state.pi_grad_sq if config.stale_pi_grad_in_clip and not broken("stale_pi_grad") else 0.0
     grad_norm = jnp.sqrt(wm_sq + stale)
-    grads = jax.tree_util.tree_map(lambda g: g * _clip_factor(grad_norm, config.grad_clip_norm), grads)
+    if not broken("world_model_clip"):
+        grads = jax.tree_util.tree_map(lambda g: g * _clip_factor(grad_norm, config.grad_clip_norm), grads)
     optimizers = make_optimizers(config)
     wm_updates, wm_opt = optimizers.world_model.update(grads, state.wm_opt)
     wm = optax.apply_updates(wm, wm_updates)
@@ -415,13 +431,14 @@ def update_with_noise(
     pi_grad_fn = jax.value_and_grad(policy_loss, argnums=1, has_aux=True)
     (pi_loss, pi_aux), pi_grads = pi_grad_fn(config, pi, wm["qs"], zs, state.scale, noise, task)
     pi_norm = jnp.sqrt(squared_global_norm(pi_grads))
-    clip = _clip_factor(pi_norm, config.grad_clip_norm)
+    clip = jnp.ones_like(pi_norm) if broken("policy_clip") else _clip_factor(pi_norm, config.grad_clip_norm)
     pi_grads = jax.tree_util.tree_map(lambda g: g * clip, pi_grads)
     pi_updates, pi_opt = optimizers.policy.update(pi_grads, state.pi_opt)
     pi = optax.apply_updates(pi, pi_updates)
 
     # Target Qs: lerp toward the updated online Qs.
-    target_qs = jax.tree_util.tree_map(lambda t, q: t + config.tau * (q - t), state.target_qs, wm["qs"])
+    tau = 2 * config.tau if broken("target_tau") else config.tau
+    target_qs = jax.tree_util.tree_map(lambda t, q: t + tau * (q - t), state.target_qs, wm["qs"])
     new_state = state._replace(
         params={**wm, "pi": pi},
         target_qs=target_qs,
