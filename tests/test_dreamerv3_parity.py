@@ -22,8 +22,8 @@ How the comparison is made exact:
   logits are zero in the fixture, the fixture's means all equal −0.1644754, ours are exactly 0, and with
   our production means the world-model terms still match while the imagined returns are exactly 0. The
   full-update tests then evaluate the same code with the reference's value substituted for the mean of
-  all-zero logits (a test-only patch of ``agent.twohot_mean``), which makes returns, advantages,
-  normaliser statistics, actor/critic losses and all gradients comparable.
+  all-zero logits (a test-only patch of ``twohot_mean`` in the core's modules), which makes returns,
+  advantages, normaliser statistics, actor/critic losses and all gradients comparable.
 
 Tolerances: forward tensors and losses ``|ours − ref| ≤ 1e-5·max|ref| + 1e-5·|ref|`` (float32 matmul
 accumulation order; observed ≤ 5e-7 of the tensor scale). Imagined quantities use the same bound: with
@@ -57,6 +57,8 @@ import numpy as np
 import pytest
 
 import sb3_worldmodels.dreamerv3.agent as agent_module
+import sb3_worldmodels.dreamerv3.losses as losses_module
+import sb3_worldmodels.dreamerv3.rollouts as rollouts_module
 from sb3_worldmodels.blocks.math import symexp_bins, twohot_mean
 from sb3_worldmodels.dreamerv3 import agent as A
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config, preset
@@ -180,7 +182,8 @@ def _reference_mean(logits: jax.Array, bins: jax.Array) -> jax.Array:
 @contextlib.contextmanager
 def reference_means() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(agent_module, "twohot_mean", _reference_mean)
+        for module in (agent_module, losses_module, rollouts_module):  # where the core reads it
+            patch.setattr(module, "twohot_mean", _reference_mean)
         yield
 
 

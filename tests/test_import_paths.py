@@ -1,7 +1,8 @@
 """Every public name users import keeps importing from where it was, as the same object as at its
 home (the environments moved to ``sb3_worldmodels.envs``, the offline data to
 ``sb3_worldmodels.data``, the discount heuristic to ``sb3_worldmodels.blocks.episodes``, the shell's
-helpers out of ``common/base.py`` into one module per job; the old modules re-export them)."""
+helpers out of ``common/base.py`` into one module per job, the agents' loss terms (and DreamerV3's
+rollouts) out of their ``agent.py``; the old modules re-export them)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,48 @@ MOVED = {
         "pool_tasks": "sb3_worldmodels.data.pool",
         "read_reference_chunk": "sb3_worldmodels.data.reference",
     },
+    "sb3_worldmodels.dreamerv3.agent": {
+        **{
+            name: "sb3_worldmodels.dreamerv3.rollouts"
+            for name in (
+                "Carry",
+                "UpdateNoise",
+                "actor_distribution",
+                "actor_entropy",
+                "head_bins",
+                "imagine",
+                "observe",
+                "sample_update_noise",
+                "state_heads",
+            )
+        },
+        **{
+            name: "sb3_worldmodels.dreamerv3.losses"
+            for name in (
+                "imagination_loss",
+                "loss_fn",
+                "reconstruction_losses",
+                "replay_value_loss",
+                "world_model_loss",
+            )
+        },
+    },
+    "sb3_worldmodels.tdmpc2.agent": {
+        name: "sb3_worldmodels.tdmpc2.losses"
+        for name in (
+            "LOSS_COEFS",
+            "UpdateNoise",
+            "consistency_loss",
+            "discount",
+            "policy_loss",
+            "reward_loss",
+            "td_target",
+            "termination_loss",
+            "value_loss",
+            "weighted_world_model_loss",
+            "world_model_loss",
+        )
+    },
     "sb3_worldmodels": {
         "TaskPool": "sb3_worldmodels.data.pool",
         "export_episodes": "sb3_worldmodels.data.episodes",
@@ -103,7 +146,9 @@ def test_the_old_modules_keep_every_public_name_they_had():
     (its ``__all__``) are exactly those the table lists."""
     for old, names in MOVED.items():
         own_modules = ("sb3_worldmodels", "sb3_worldmodels.tdmpc2", "sb3_worldmodels.tdmpc2.config")
-        if old in (*own_modules, "sb3_worldmodels.common.base", "sb3_worldmodels.common.policy"):
+        shells = ("sb3_worldmodels.common.base", "sb3_worldmodels.common.policy")
+        cores = ("sb3_worldmodels.dreamerv3.agent", "sb3_worldmodels.tdmpc2.agent")
+        if old in (*own_modules, *shells, *cores):
             continue  # modules of their own, which re-export a few moved names
         assert sorted(importlib.import_module(old).__all__) == sorted(names), old
 

@@ -7,8 +7,8 @@
   import paths of the env families for users (``common/envs.py``, ``atari.py``, ``crafter.py``);
 - ``data`` (offline episodes and task pools) knows no agent, no env and not the zoo; of ``common``
   it uses only the pickle-free file formats (``safe_io``);
-- the agents never import each other, and each agent's config, networks and pure core import
-  nothing from ``common``;
+- the agents never import each other, and each agent's config, networks and pure core (``agent``,
+  ``losses``, ``rollouts``) import nothing from ``common``;
 - only the zoo imports the zoo.
 """
 
@@ -21,7 +21,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sb3_worldmodels"
 AGENTS = ("dreamerv3", "tdmpc2")
-PURE_MODULES = ("config", "networks", "agent")
+PURE_MODULES = ("config", "networks", "agent", "losses", "rollouts")
 ENVS_FOR_THE_SHELL = ("sb3_worldmodels.envs.wrappers", "sb3_worldmodels.envs.registration")
 OLD_ENV_PATHS = (
     "sb3_worldmodels.common.envs",
