@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 
@@ -66,16 +66,42 @@ def memory_mappings() -> int | None:
         return None
 
 
+@runtime_checkable
+class PerSeedConfig(Protocol):
+    """A config some of whose float fields take one value per seed (built by
+    :func:`~sb3_worldmodels.blocks.seeds.with_settings`): what :meth:`AgentFunction.over_seeds`
+    needs of it."""
+
+    @property
+    def program_key(self) -> Hashable:
+        """What the program depends on (the config and the names of the per-seed fields, not their
+        values): per-seed values that change keep the compiled program."""
+        ...
+
+    def seed_values(self) -> dict[str, Any]:
+        """The per-seed values, {field: (S,) float32}: an argument of the program, vmapped."""
+        ...
+
+    def traced_config(self, values: dict[str, Any]) -> Any:
+        """The config inside the vmapped function: the fields of ``values`` (one seed's () values,
+        traced) in place of the config's."""
+        ...
+
+
 class AgentFunction:
     """``fn(config, ...)`` compiled per ``config`` (static), with every matmul traced inside under
     ``config.matmul_precision`` (:data:`MATMUL_PRECISIONS`) and :data:`COMPILER_OPTIONS`; the
-    programs of the :data:`COMPILED_CONFIGS_KEPT` most recently used configs are kept."""
+    programs of the :data:`COMPILED_CONFIGS_KEPT` most recently used configs are kept.
+
+    :meth:`over_seeds` compiles the same function vmapped over a leading seed axis (its own kept
+    programs)."""
 
     def __init__(self, fn: Callable[..., Any], static_argnames: Sequence[str] = ()) -> None:
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._static_argnames = tuple(static_argnames)
         self._compiled: OrderedDict[Any, Any] = OrderedDict()
+        self._compiled_over_seeds: OrderedDict[Any, Any] = OrderedDict()
 
     def _pinned(self, config: Any, *args: Any, **kwargs: Any) -> Any:
         precision = check_matmul_precision(config.matmul_precision)
@@ -86,6 +112,11 @@ class AgentFunction:
 
     def for_config(self, config: Any) -> Any:
         """The ``jax.jit`` function of ``config`` (``lower``, ``trace``, ... work on it)."""
+        if isinstance(config, PerSeedConfig):
+            raise TypeError(
+                f"{self._fn.__name__}: a config with per-seed settings runs over a seed axis; call "
+                "over_seeds(config) instead."
+            )
         jitted = self._compiled.pop(config, None)
         if jitted is None:
 
@@ -103,20 +134,74 @@ class AgentFunction:
         self._compiled[config] = jitted
         return jitted
 
+    def over_seeds(self, config: Any) -> Any:
+        """``fn`` over a leading seed axis S: the ``jax.jit`` of ``jax.vmap(fn(config, ...))``, every
+        positional argument, every keyword argument but the static ones and every output with a
+        leading S (the static keyword arguments, e.g. ``deterministic=``, are given by name and shared
+        by all seeds). Compiled per ``config`` as :meth:`for_config` (same precision pinning and
+        compiler options), the programs of the :data:`COMPILED_CONFIGS_KEPT` most recently used
+        configs kept apart from the single-seed ones.
+
+        ``config`` may carry per-seed float settings (:class:`PerSeedConfig`, from
+        :func:`~sb3_worldmodels.blocks.seeds.with_settings`): their values are an argument of the
+        program (other values, same program), each seed's traced in its config. The returned
+        function has ``lower`` and ``trace`` either way."""
+        per_seed = config if isinstance(config, PerSeedConfig) else None
+        key = config if per_seed is None else per_seed.program_key
+        jitted = self._compiled_over_seeds.pop(key, None)
+        if jitted is None:
+            jitted = self._jit_over_seeds(config, per_seed)
+            while len(self._compiled_over_seeds) >= COMPILED_CONFIGS_KEPT:
+                self._compiled_over_seeds.popitem(last=False)
+        self._compiled_over_seeds[key] = jitted
+        return _WithSeedValues(jitted, None if per_seed is None else per_seed.seed_values())
+
+    def _jit_over_seeds(self, config: Any, per_seed: PerSeedConfig | None) -> Any:
+        def call(values: Any, *args: Any, **kwargs: Any) -> Any:
+            static = {name: kwargs.pop(name) for name in self._static_argnames if name in kwargs}
+
+            def one_seed(seed_values: Any, *seed_args: Any, **seed_kwargs: Any) -> Any:
+                seed_config = config if per_seed is None else per_seed.traced_config(seed_values)
+                return self._pinned(seed_config, *seed_args, **seed_kwargs, **static)
+
+            return jax.vmap(one_seed)(values, *args, **kwargs)
+
+        call.__name__ = call.__qualname__ = f"{self._fn.__name__}_over_seeds"  # the program's name
+        return jax.jit(call, static_argnames=self._static_argnames, compiler_options=COMPILER_OPTIONS)
+
     def __call__(self, config: Any, *args: Any, **kwargs: Any) -> Any:
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
             return self._pinned(config, *args, **kwargs)  # inside another trace: inline it
         return self.for_config(config)(*args, **kwargs)
 
     def _cache_size(self) -> int:
-        """Compiled programs held, over the kept configs (``jax.jit``'s ``_cache_size``)."""
-        return sum(jitted._cache_size() for jitted in self._compiled.values())
+        """Compiled programs held, over the kept configs (``jax.jit``'s ``_cache_size``), single-seed
+        and over seeds."""
+        programs = (*self._compiled.values(), *self._compiled_over_seeds.values())
+        return sum(jitted._cache_size() for jitted in programs)
 
     def lower(self, config: Any, *args: Any, **kwargs: Any) -> Any:
         return self.for_config(config).lower(*args, **kwargs)
 
     def trace(self, config: Any, *args: Any, **kwargs: Any) -> Any:
         return self.for_config(config).trace(*args, **kwargs)
+
+
+class _WithSeedValues:
+    """A program over seeds with its first argument (the per-seed values, or None) given."""
+
+    def __init__(self, jitted: Any, values: Any) -> None:
+        self.jitted = jitted
+        self.values = values
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.jitted(self.values, *args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        return self.jitted.lower(self.values, *args, **kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        return self.jitted.trace(self.values, *args, **kwargs)
 
 
 def agent_jit(fn: Callable[..., Any], static_argnames: Sequence[str] = ()) -> AgentFunction:
