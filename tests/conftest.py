@@ -123,6 +123,9 @@ EXTENDED_TESTS = {
         "an image agent's update compiled once per break switch"
     ),
     "test_compat.py::test_vec_frame_stack": "stacked frames through learn",
+    "test_seeds_core.py::test_a_group_of_pixel_seeds_trains_and_acts_as_each_seed_alone": (
+        "both cores' image updates compiled over seeds and alone"
+    ),
     "test_envs.py::test_headless_rendering_is_chosen_without_a_display_and_a_missing_renderer_says_how": (
         "renderer subprocesses"
     ),
