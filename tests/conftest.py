@@ -126,6 +126,12 @@ EXTENDED_TESTS = {
     "test_seeds_core.py::test_a_group_of_pixel_seeds_trains_and_acts_as_each_seed_alone": (
         "both cores' image updates compiled over seeds and alone"
     ),
+    "test_seed_groups.py::test_dreamerv3_group_seed_equals_single_seed_run": (
+        "a group's and each seed's single-seed programs compiled and run side by side"
+    ),
+    "test_seed_groups.py::test_tdmpc2_group_seed_equals_single_seed_run": (
+        "a group's and each seed's single-seed programs compiled and run side by side"
+    ),
     "test_envs.py::test_headless_rendering_is_chosen_without_a_display_and_a_missing_renderer_says_how": (
         "renderer subprocesses"
     ),

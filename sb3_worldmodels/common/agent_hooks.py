@@ -10,13 +10,41 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import jax
 import numpy as np
 
 if TYPE_CHECKING:
     from sb3_worldmodels.common.boundary import ActionAdapter, AgentObservation, ObservationAdapter
     from sb3_worldmodels.common.net_arch import NetArchFields
+
+
+class AgentCall(NamedTuple):
+    """One call of a core's jitted function, as an agent hook describes it: the shell makes the call
+    (``function(config, reads(agent_state), *arguments, **static)``) and hands its outputs to
+    ``finish``. With ``function`` None there is nothing to call (``finish(None)``)."""
+
+    function: Any
+    """The core's jitted function (:class:`~sb3_worldmodels.blocks.jit.AgentFunction`), or None."""
+    reads: Callable[[Any], Any]
+    """The part of the agent's state the function takes first (e.g. the acting parameters)."""
+    arguments: tuple[Any, ...]
+    """Its other arguments (arrays)."""
+    static: dict[str, Any]
+    """Its static keyword arguments."""
+    finish: Callable[[Any], np.ndarray]
+    """The call's outputs (None without a call) -> the agent's result, e.g. (n_envs, A) actions."""
+
+
+class TrainingBatch(NamedTuple):
+    """What one training call needs from the agent's numpy side."""
+
+    batch: Any
+    """The pytree of k sampled batches that ``core.train_many_jit(config, state, batch)`` takes."""
+    commit: Callable[..., None]
+    """Applies the call's side effects, given its outputs after (state, metrics) (e.g. DreamerV3's
+    latents written back to the replay); called only once the metrics are finite."""
 
 
 class AgentHooks(ABC):
@@ -34,7 +62,8 @@ class AgentHooks(ABC):
     default_n_envs = 1
     """Envs built from an env id when ``n_envs`` is not given."""
     core: Any
-    """The agent's pure core module: ``init_state(config, key)`` and ``set_learning_rate(state, lr)``."""
+    """The agent's pure core module: ``init_state(config, key)``, ``set_learning_rate(state, lr)`` and
+    ``train_many_jit(config, state, batch) -> (state, metrics with a leading k, *outputs)``."""
     config_class: Any
     """The agent's frozen config dataclass; its fields (less the space-derived ones and
     ``learning_rate``) are constructor arguments and attributes of the same names."""
@@ -70,9 +99,11 @@ class AgentHooks(ABC):
 
     # ------------------------------------------------------------------ collection
     @abstractmethod
-    def _collect_act(self, obs: AgentObservation, learning_starts: int) -> np.ndarray:
-        """(n_envs, A) agent-unit actions for the current observations ``obs`` (n_envs, O) (with
-        images, an :data:`~sb3_worldmodels.common.boundary.AgentObservation` dict)."""
+    def _act_call(self, obs: AgentObservation, learning_starts: int, key: jax.Array) -> AgentCall:
+        """The acting call for the current observations ``obs`` (n_envs, O) (with images, an
+        :data:`~sb3_worldmodels.common.boundary.AgentObservation` dict), drawing its randomness from
+        ``key`` (the shell splits it from the collection stream): its ``finish`` gives the (n_envs, A)
+        agent-unit actions."""
 
     @abstractmethod
     def _collect_observe(
@@ -107,9 +138,9 @@ class AgentHooks(ABC):
         """Updates scanned in one jitted call (one distinct compilation)."""
 
     @abstractmethod
-    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict, Callable[[], None]]:
-        """Sample k batches and run k updates in one jitted call: (new state, metrics with a leading k,
-        a function that applies the call's side effects once its metrics are known to be finite)."""
+    def _training_batch(self, k: int) -> TrainingBatch:
+        """k batches sampled from the replay for one call of ``core.train_many_jit`` (each array with a
+        leading k), and what to apply once the call's metrics are known to be finite."""
 
     def _take_owed_updates(self) -> int:
         """The number of updates to run now (and forget them); 0 while training cannot start.

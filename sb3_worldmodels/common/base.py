@@ -57,10 +57,13 @@ from sb3_worldmodels.common.sb3_keywords import (
     refuse_unsupported_options,
     take_sb3_alias,
 )
+from sb3_worldmodels.common.seed_group import SeedGroup, group_vec_env, seed_list
 from sb3_worldmodels.common.training import NonFiniteUpdateError, Trainer
 
 
-class WorldModelAlgorithm(Checkpointing, PolicyFiles, Collector, Predictor, Trainer, OffPolicyAlgorithm):
+class WorldModelAlgorithm(
+    SeedGroup, Checkpointing, PolicyFiles, Collector, Predictor, Trainer, OffPolicyAlgorithm
+):
     """Base class of the online JAX world-model agents (see the module docstring); a subclass
     fulfils :class:`~sb3_worldmodels.common.agent_hooks.AgentHooks`."""
 
@@ -105,7 +108,7 @@ class WorldModelAlgorithm(Checkpointing, PolicyFiles, Collector, Predictor, Trai
         stats_window_size: int = 100,
         tensorboard_log: str | None = None,
         verbose: int = 0,
-        seed: int | None = None,
+        seed: int | list[int] | None = None,
         device: str = "auto",
         allow_vecnormalize_obs: bool = False,
         action_noise: Any = None,
@@ -137,7 +140,14 @@ class WorldModelAlgorithm(Checkpointing, PolicyFiles, Collector, Predictor, Trai
         self.__dict__.update(hyperparameters)
         self.action_repeat = action_repeat
         self.allow_vecnormalize_obs = allow_vecnormalize_obs
-        env = make_env(env, n_envs or self.default_n_envs, seed, action_repeat)
+        self.seeds = seed_list(seed)
+        self._lanes = None
+        n_envs = n_envs or self.default_n_envs
+        if self.seeds is not None and isinstance(env, str):
+            env_id = env
+            env = group_vec_env(lambda s: make_env(env_id, n_envs, s, action_repeat), self.seeds)
+        else:
+            env = make_env(env, n_envs, seed, action_repeat)
         if isinstance(env, (gym.Env, VecEnv)):
             # Clear errors before SB3's own assertions on the spaces.
             ObservationAdapter.from_space(env.observation_space, self.agent_name, self.allow_images)
@@ -174,6 +184,7 @@ class WorldModelAlgorithm(Checkpointing, PolicyFiles, Collector, Predictor, Trai
         )
         if self.env is not None:
             self._check_env(self.env)
+            self._check_group_env()
         if _init_setup_model:
             self._setup_model()
 
@@ -190,7 +201,12 @@ class WorldModelAlgorithm(Checkpointing, PolicyFiles, Collector, Predictor, Trai
         self.policy = JaxPolicy(self.observation_space, self.action_space)
         self._resolve_config_defaults()
         self._config = self.config
-        self.policy.state = self._build_state()
+        if getattr(self, "seeds", None) is None:
+            self.seeds, self._lanes = None, None
+            self.policy.state = self._build_state()
+        else:
+            self._lanes = [self._make_lane(i) for i in range(len(self.seeds))]
+            self.policy.state = self._build_group_state()
         self.policy.algorithm_predict = self.predict
         self.policy.policy_file_contents = self._policy_file_contents
         # SB3 code reads ``model.gamma`` (e.g. for n-step returns or logging): the agent's own discount.
@@ -241,6 +257,7 @@ class WorldModelAlgorithm(Checkpointing, PolicyFiles, Collector, Predictor, Trai
             "_eval_callbacks",
             "_resumed",
             "_flat_obs",
+            "_lanes",
         ]
 
     @classmethod
@@ -283,7 +300,10 @@ class WorldModelAlgorithm(Checkpointing, PolicyFiles, Collector, Predictor, Trai
     ):
         # The replay is sized and its memory checked before SB3's set-up, so that a refused learn()
         # changes nothing.
-        replay, reservation = self._replay_for_run(total_timesteps, reset_num_timesteps)
+        if self._lanes is None:
+            replay, reservation = self._replay_for_run(total_timesteps, reset_num_timesteps)
+        else:
+            replay, reservation = self._group_replays(total_timesteps, reset_num_timesteps)
         check_replay_memory(
             replay.bytes_to_reserve(reservation), replay.nbytes, "buffer_size", self.agent_name
         )
@@ -295,9 +315,11 @@ class WorldModelAlgorithm(Checkpointing, PolicyFiles, Collector, Predictor, Trai
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
         if self._last_obs is not last_obs:  # the envs were reset: every env starts a new episode
-            self._rollout = None
+            self._forget_rollouts()
         replay.reserve(reservation)
         self.replay_buffer = replay
+        if self._lanes is not None:
+            self._set_up_lanes_for_run(replay, reset_num_timesteps)
         if reset_num_timesteps:
             self._reset_training_schedule()
         found = list(walk_callbacks(callback))

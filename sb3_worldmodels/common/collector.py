@@ -2,9 +2,10 @@
 replay the agent writes to (its creation, its checks, its files).
 
 SB3's own collection does not carry a recurrent state per env, so ``collect_rollouts`` is overridden:
-every vector step calls the agent once for all envs (``_collect_act``), refuses non-finite actions and
-rewards, keeps SB3's callback calls in order and the local names callbacks read (``actions``,
-``new_obs``, ``rewards``, ``dones``, ``infos``), and hands the outcome to ``_collect_observe``.
+every vector step calls the agent once for all envs (``_collect_act``: the agent's ``_act_call``),
+refuses non-finite actions and rewards, keeps SB3's callback calls in order and the local names
+callbacks read (``actions``, ``new_obs``, ``rewards``, ``dones``, ``infos``), and hands the outcome
+to ``_collect_observe``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import warnings
 from typing import Any
 
+import jax
 import numpy as np
 from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
@@ -23,11 +25,18 @@ from stable_baselines3.common.utils import should_collect_more_steps
 from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 
 from sb3_worldmodels.common import safe_io
-from sb3_worldmodels.common.agent_hooks import AgentHooks
+from sb3_worldmodels.common.agent_hooks import AgentCall, AgentHooks
 from sb3_worldmodels.common.boundary import AgentObservation, check_rewards, refuse_non_finite_actions
 from sb3_worldmodels.common.callbacks import WorldModelCallback, emit_eval_metrics
 from sb3_worldmodels.common.policy import JaxPolicy
 from sb3_worldmodels.common.replay_state import replay_from_state
+
+
+def run_call(config: Any, call: AgentCall, agent_state: Any) -> Any:
+    """The outputs of ``call`` on ``agent_state`` (None when it has no function)."""
+    if call.function is None:
+        return None
+    return call.function(config, call.reads(agent_state), *call.arguments, **call.static)
 
 
 class Collector(AgentHooks, OffPolicyAlgorithm):
@@ -71,7 +80,7 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
         agent's per-env state restarts (every env begins a new episode)."""
         self._check_env(self._wrap_env(env, self.verbose) if not isinstance(env, VecEnv) else env)
         super().set_env(env, force_reset=force_reset)
-        self._rollout = None
+        self._forget_rollouts()
 
     # ------------------------------------------------------------------ the env loop
     def collect_rollouts(
@@ -104,7 +113,7 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
             where = f" at step {self.num_timesteps} (num_timesteps, before this step)"
             check_rewards(rewards, where)
             flat_obs = self.obs_adapter.convert(new_obs, where)
-            self.num_timesteps += self._rows_in_step(dones)
+            self.num_timesteps += self._count_step(dones)
             num_collected_steps += 1
             callback.update_locals(locals())
             if not callback.on_step():
@@ -113,7 +122,7 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
                 )
             emit_eval_metrics(self._wm_callbacks, self._eval_callbacks, self.logger)
             self._update_info_buffer(infos, dones)
-            self._collect_observe(flat_obs, rewards, dones, infos)
+            self._observe_step(flat_obs, rewards, dones, infos)
             self._last_obs = new_obs
             self._flat_obs = (new_obs, flat_obs)
             self.at_episode_boundary = bool(np.all(dones))
@@ -127,6 +136,29 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
                         self.dump_logs()
         callback.on_rollout_end()
         return RolloutReturn(num_collected_steps * env.num_envs, num_collected_episodes, continue_training)
+
+    def _collect_act(self, obs: AgentObservation, learning_starts: int) -> np.ndarray:
+        """(n_envs, A) agent-unit actions for ``obs``: the agent's acting call (``_act_call``) with a
+        key split from the collection stream ``act_key``."""
+        state = self.policy.state
+        act_key, step_key = jax.random.split(state["act_key"])
+        self.policy.state = {**state, "act_key": act_key}
+        call = self._act_call(obs, learning_starts, step_key)
+        return call.finish(run_call(self._config, call, state["agent"]))
+
+    def _count_step(self, dones: np.ndarray) -> int:
+        """How much ``num_timesteps`` advances for this vector step (the agent's ``_rows_in_step``)."""
+        return self._rows_in_step(dones)
+
+    def _observe_step(
+        self, obs: AgentObservation, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+    ) -> None:
+        """Hand a vector step's outcome to the agent (``_collect_observe``)."""
+        self._collect_observe(obs, rewards, dones, infos)
+
+    def _forget_rollouts(self) -> None:
+        """Every env starts a new episode (after a reset): the agent's per-env state restarts."""
+        self._rollout = None
 
     def _flat_last_obs(self) -> AgentObservation:
         """``_last_obs`` flattened, reusing the step's flattening unless SB3 reset the envs since."""

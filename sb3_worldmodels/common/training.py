@@ -8,6 +8,8 @@ its state is kept, and logs each call's metrics.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -80,6 +82,13 @@ class Trainer(AgentHooks, OffPolicyAlgorithm):
         self.logger.record("train/learning_rate", lr)
         self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)
         self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)
+
+    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict, Callable[[], None]]:
+        """k updates in one jitted call on k batches of the agent's replay (``_training_batch``):
+        (new state, metrics with a leading k, the call's side effects to apply once it is kept)."""
+        training = self._training_batch(k)
+        new_state, metrics, *outputs = self.core.train_many_jit(self._config, agent_state, training.batch)
+        return new_state, metrics, functools.partial(training.commit, *outputs)
 
     def _refuse_non_finite_update(self, metrics: dict[str, np.ndarray], done: int) -> None:
         """Raise NonFiniteUpdateError when any update of a chunk has a non-finite metric (every loss

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sb3_worldmodels.common.agent_hooks import AgentCall, TrainingBatch
 from sb3_worldmodels.common.base import WorldModelAlgorithm
 from sb3_worldmodels.common.boundary import AgentObservation, map_observation, observation_rows
 from sb3_worldmodels.common.net_arch import NetArchFields
@@ -272,32 +272,27 @@ class DreamerV3(WorldModelAlgorithm):
     def _rows_in_step(self, dones: np.ndarray) -> int:
         return len(dones) + int(np.sum(dones))
 
-    def _collect_act(self, obs: AgentObservation, learning_starts: int) -> np.ndarray:
+    def _act_call(self, obs: AgentObservation, learning_starts: int, key: jax.Array) -> AgentCall:
         if self._rollout is None:
             self._rollout = self._new_rollout(self.n_envs)
         roll = self._rollout
-        state = self.policy.state
-        act_key, step_key = jax.random.split(state["act_key"])
-        action, carry, deter, stoch = core.policy_step_jit(
-            self._config,
-            core.policy_params(state["agent"]),
-            roll.carry,
-            map_observation(jnp.asarray, obs),
-            jnp.asarray(roll.pending.is_first),
-            step_key,
-            deterministic=False,
-        )
-        self.policy.state = {**state, "act_key": act_key}
-        action = np.asarray(action)
-        if self.num_timesteps < learning_starts:
-            action = self.action_adapter.random(
-                self.n_envs, np.random.default_rng([self._rows, self.seed or 0])
-            )
-            carry = carry._replace(action=jnp.asarray(action))
-        self._rollout = roll._replace(carry=carry, latent=(np.asarray(deter), np.asarray(stoch)))
-        self._current_obs = obs
-        self._current_action = action
-        return action
+
+        def finish(outputs: Any) -> np.ndarray:
+            action, carry, deter, stoch = outputs
+            action = np.asarray(action)
+            if self.num_timesteps < learning_starts:
+                action = self.action_adapter.random(
+                    self.n_envs, np.random.default_rng([self._rows, self.seed or 0])
+                )
+                carry = carry._replace(action=jnp.asarray(action))
+            self._rollout = roll._replace(carry=carry, latent=(np.asarray(deter), np.asarray(stoch)))
+            self._current_obs = obs
+            self._current_action = action
+            return action
+
+        arguments = (roll.carry, map_observation(jnp.asarray, obs), jnp.asarray(roll.pending.is_first), key)
+        static = {"deterministic": False}
+        return AgentCall(core.policy_step_jit, core.policy_params, arguments, static, finish)
 
     def _collect_observe(
         self, obs: AgentObservation, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
@@ -362,15 +357,13 @@ class DreamerV3(WorldModelAlgorithm):
     def _updates_per_call(self) -> int:
         return max(1, round(self.n_envs * self._config.updates_per_row))
 
-    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict, Callable[[], None]]:
+    def _training_batch(self, k: int) -> TrainingBatch:
         batch, envs, starts = self.replay_buffer.sample(self._config.batch_size, count=k)
-        batch = {name: jnp.asarray(value) for name, value in batch.items()}
-        agent_state, metrics, latents = core.train_many_jit(self._config, agent_state, batch)
 
-        def write_back() -> None:  # only once the metrics are finite: no NaN latent reaches the replay
+        def write_back(latents: Any) -> None:  # only once finite: no NaN latent reaches the replay
             self.replay_buffer.write_back(envs, starts, jax.device_get(latents))
 
-        return agent_state, metrics, write_back
+        return TrainingBatch({name: jnp.asarray(value) for name, value in batch.items()}, write_back)
 
     # ------------------------------------------------------------------ predict
     def predict(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
@@ -12,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels.blocks.episodes import discount_from_episode_length
+from sb3_worldmodels.common.agent_hooks import AgentCall, TrainingBatch
 from sb3_worldmodels.common.base import WorldModelAlgorithm
 from sb3_worldmodels.common.boundary import AgentObservation
 from sb3_worldmodels.common.episode_replay import EpisodeReplay
@@ -344,7 +344,7 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
         return replay, capacity
 
     # ------------------------------------------------------------------ collection
-    def _collect_act(self, observation: AgentObservation, learning_starts: int) -> np.ndarray:
+    def _act_call(self, observation: AgentObservation, learning_starts: int, key: jax.Array) -> AgentCall:
         obs = _observation_array(observation)
         cfg = self._config
         n = self.n_envs
@@ -354,25 +354,22 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
             self._rollout = _RolloutState(
                 jnp.zeros((n, cfg.horizon, cfg.action_dim), jnp.float32), np.ones(n, bool)
             )
-        state = self.policy.state
-        act_key, step_key = jax.random.split(state["act_key"])
-        self.policy.state = {**state, "act_key": act_key}
-        if self.num_timesteps > self._seed_steps:
-            action, mean = core.act_jit(
-                cfg,
-                state["agent"].params,
-                jnp.asarray(obs),
-                self._rollout.prev_mean,
-                jnp.asarray(self._rollout.first),
-                step_key,
-                deterministic=False,
-            )
-            self._rollout = self._rollout._replace(prev_mean=mean)
-            action = np.asarray(action)
-        else:
-            action = np.asarray(core.random_actions(step_key, n, cfg.action_dim))
-        self._current_action = action
-        return action
+        roll = self._rollout
+
+        def finish(outputs: Any) -> np.ndarray:
+            if outputs is None:  # the seed phase: uniform random actions
+                action = np.asarray(core.random_actions(key, n, cfg.action_dim))
+            else:
+                action, mean = outputs
+                self._rollout = roll._replace(prev_mean=mean)
+                action = np.asarray(action)
+            self._current_action = action
+            return action
+
+        if self.num_timesteps <= self._seed_steps:
+            return AgentCall(None, _agent_params, (), {}, finish)
+        arguments = (jnp.asarray(obs), roll.prev_mean, jnp.asarray(roll.first), key)
+        return AgentCall(core.act_jit, _agent_params, arguments, {"deterministic": False}, finish)
 
     def _start_episodes(self, envs: np.ndarray, obs: np.ndarray) -> None:
         k = len(envs)
@@ -458,7 +455,7 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
     def _updates_per_call(self) -> int:
         return self.n_envs
 
-    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict, Callable[[], None]]:
+    def _training_batch(self, k: int) -> TrainingBatch:
         batch = self.replay_buffer.sample(self._config.batch_size, count=k)  # (k, H+1, B, ...)
         batch = {
             "obs": jnp.asarray(batch["obs"]),
@@ -466,8 +463,7 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
             "reward": jnp.asarray(batch["reward"][:, 1:]),
             "terminated": jnp.asarray(batch["terminated"][:, 1:]),
         }
-        agent_state, metrics = core.train_many_jit(self._config, agent_state, batch)
-        return agent_state, metrics, _nothing
+        return TrainingBatch(batch, _nothing)
 
     # ------------------------------------------------------------------ predict
     def predict(
@@ -542,6 +538,11 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
 
 def _nothing() -> None:
     """A training call with no side effect to apply."""
+
+
+def _agent_params(state: core.TDMPC2State) -> dict:
+    """What the planner reads of the agent's state."""
+    return state.params
 
 
 _CONSTRUCTOR_ARGS = frozenset(inspect.signature(TDMPC2.__init__).parameters)

@@ -1,0 +1,384 @@
+"""Several seeds in one model: one state pytree with a leading seed axis, one jitted call per env step
+and one per training call for all seeds.
+
+``DreamerV3("CartPole-v1", seed=[0, 1, 2, 3])`` is a *seed group*. Each seed has a *lane*: an ordinary
+single-seed model of the same class, without envs and without a state of its own, that keeps the
+seed's numpy side (its replay, its collection state, its training schedule and step counter) and
+describes its jitted calls (the agent hooks ``_act_call`` and ``_training_batch``). The group holds
+the seeds' states stacked (``policy.state``: every leaf with a leading seed axis), makes each call once
+for all seeds with the call vmapped over that axis, and hands every lane its slice of the outputs, so
+that seed ``i`` of a group does what a single-seed model with seed ``i`` does, to float tolerance.
+
+The envs: ``n_envs`` per seed, seed-major (env ``j`` of the ``i``-th seed is env ``i * n_envs + j`` of
+the VecEnv, seeded ``seed_i + j`` as a single-seed model seeds its envs). ``num_timesteps`` is the
+least over the seeds (DreamerV3's rows differ between seeds whose episodes end at different steps):
+``learn(n)`` gives every seed at least ``n``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.stats
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+from stable_baselines3.common.utils import safe_mean
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
+
+from sb3_worldmodels.blocks.seeds import masked_updates, stack_trees, tree_slice
+from sb3_worldmodels.common.agent_hooks import AgentHooks
+from sb3_worldmodels.common.boundary import AgentObservation, map_observation
+from sb3_worldmodels.common.callbacks import record_extra_metrics
+from sb3_worldmodels.common.training import aggregate_metric
+
+_MASKED_TRAINING: dict[Any, Any] = {}
+"""A core's ``train_step`` run k times with a per-update mask (one per core module)."""
+
+
+def seed_list(seed: Any) -> tuple[int, ...] | None:
+    """The seeds of a ``seed`` argument given as a list (None for an int or None), checked."""
+    if seed is None or isinstance(seed, (int, np.integer)):
+        return None
+    if not isinstance(seed, Sequence) or isinstance(seed, str):
+        raise TypeError(f"seed must be an int, None or a list of ints, got {seed!r}.")
+    seeds = tuple(seed)
+    if not seeds or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in seeds):
+        raise ValueError(f"A seed list needs one or more ints, got {seed!r}.")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(
+            f"The seeds of a group must differ (got {list(seeds)}): equal seeds run the same run."
+        )
+    return tuple(int(s) for s in seeds)
+
+
+def group_vec_env(make_one: Any, seeds: tuple[int, ...]) -> VecEnv:
+    """One DummyVecEnv of every seed's envs, seed-major, from ``make_one(seed)`` -> a seed's VecEnv."""
+    envs = []
+    for seed in seeds:
+        vec = make_one(seed)
+        if not isinstance(vec, DummyVecEnv):
+            raise TypeError("A seed group builds its envs from an env id as DummyVecEnvs.")
+        envs.extend(vec.envs)
+    return DummyVecEnv([lambda env=env: env for env in envs])
+
+
+def _masked_training(core: Any) -> Any:
+    if core not in _MASKED_TRAINING:
+        _MASKED_TRAINING[core] = masked_updates(core.train_step)
+    return _MASKED_TRAINING[core]
+
+
+class SeedGroup(AgentHooks, OffPolicyAlgorithm):
+    """The group's side of the shell: its lanes, and the collection, training and logging steps that
+    run every lane's calls as one (a single-seed model has no lanes and skips all of it)."""
+
+    _lanes: list[Any] | None
+    seeds: tuple[int, ...] | None
+    policy: Any
+    _config: Any
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def n_seeds(self) -> int:
+        """Seeds in this model (1 for a single-seed model)."""
+        return 1 if self.seeds is None else len(self.seeds)
+
+    @property
+    def envs_per_seed(self) -> int:
+        return self.n_envs // self.n_seeds
+
+    def _lane_attributes(self) -> dict[str, Any]:
+        """What a lane takes from the group: the attributes a checkpoint keeps, less the group's own."""
+        excluded = {*self._excluded_save_params(), "seed", "seeds", "n_envs", "_lanes", "num_timesteps"}
+        return {k: v for k, v in self.__dict__.items() if k not in excluded}
+
+    def _make_lane(self, index: int) -> Any:
+        """The single-seed model of the ``index``-th seed (no envs), set up as a loaded model is."""
+        assert self.seeds is not None
+        lane = type(self)(policy=type(self.policy), env=None, _init_setup_model=False)  # type: ignore[call-arg]
+        lane.__dict__.update(self._lane_attributes())
+        lane.seed = self.seeds[index]
+        lane.seeds = None
+        lane._lanes = None
+        lane.n_envs = self.envs_per_seed
+        lane.num_timesteps = 0
+        lane._setup_model()
+        return lane
+
+    def _check_group_env(self) -> None:
+        if self.seeds is not None and self.n_envs % len(self.seeds):
+            raise ValueError(
+                f"A group of {len(self.seeds)} seeds needs n_envs envs per seed (seed-major): the VecEnv has "
+                f"{self.n_envs} envs, not a multiple of {len(self.seeds)}."
+            )
+
+    def _build_group_state(self) -> dict[str, Any]:
+        """The lanes' states stacked along a leading seed axis (the lanes keep none)."""
+        assert self._lanes is not None
+        state = stack_trees([lane.policy.state for lane in self._lanes])
+        for lane in self._lanes:
+            lane.policy.state = None
+        return state
+
+    def set_random_seed(self, seed: Any = None) -> None:
+        """SB3's seeding; for a group, Python's, numpy's and torch's generators take the first seed, and
+        each seed's envs are seeded as a single-seed model seeds them (seed + env index)."""
+        if self.seeds is None:
+            super().set_random_seed(seed)
+            return
+        super().set_random_seed(self.seeds[0])
+        if self.env is not None:
+            self.env._seeds = [s + j for s in self.seeds for j in range(self.envs_per_seed)]  # type: ignore[attr-defined]
+
+    def seed_model(self, index: int) -> Any:
+        """An ordinary single-seed model of the ``index``-th seed (of the same class, without envs or
+        replay): its parameters, keys and counters, for ``predict``, ``evaluate_policy`` and ``save``."""
+        if self.seeds is None:
+            raise ValueError("seed_model() is for a seed group (a model built with a list of seeds).")
+        if not 0 <= index < len(self.seeds):
+            raise IndexError(f"seed index {index} outside [0, {len(self.seeds)}) (seeds {list(self.seeds)}).")
+        assert self._lanes is not None
+        lane = self._lanes[index]
+        model = self._make_lane(index)
+        model.policy.state = tree_slice(self.policy.state, index)
+        model.num_timesteps = lane.num_timesteps
+        model._n_updates = lane._n_updates
+        return model
+
+    # ------------------------------------------------------------------ collection
+    def _seed_rows(self, index: int) -> slice:
+        n = self.envs_per_seed
+        return slice(index * n, (index + 1) * n)
+
+    def _collect_act(self, obs: AgentObservation, learning_starts: int) -> np.ndarray:
+        if self._lanes is None:
+            return super()._collect_act(obs, learning_starts)  # type: ignore[misc]
+        state = self.policy.state
+        keys = jax.vmap(jax.random.split)(state["act_key"])  # (S, 2, 2)
+        self.policy.state = {**state, "act_key": keys[:, 0]}
+        calls = [
+            lane._act_call(
+                map_observation(lambda x, i=i: x[self._seed_rows(i)], obs), learning_starts, keys[i, 1]
+            )
+            for i, lane in enumerate(self._lanes)
+        ]
+        called = {call.function is not None for call in calls}
+        if called == {False}:
+            return np.concatenate([call.finish(None) for call in calls])
+        if called != {True}:
+            raise RuntimeError("The seeds of a group disagree on whether to act with the model.")
+        first = calls[0]
+        arguments = stack_trees([call.arguments for call in calls])
+        outputs = first.function.over_seeds(self._config)(
+            first.reads(state["agent"]), *arguments, **first.static
+        )
+        return np.concatenate([call.finish(tree_slice(outputs, i)) for i, call in enumerate(calls)])
+
+    def _count_step(self, dones: np.ndarray) -> int:
+        if self._lanes is None:
+            return super()._count_step(dones)  # type: ignore[misc]
+        for i, lane in enumerate(self._lanes):
+            lane.num_timesteps += lane._rows_in_step(dones[self._seed_rows(i)])
+        return min(lane.num_timesteps for lane in self._lanes) - self.num_timesteps
+
+    def _observe_step(
+        self, obs: AgentObservation, rewards: np.ndarray, dones: np.ndarray, infos: list[dict]
+    ) -> None:
+        if self._lanes is None:
+            super()._observe_step(obs, rewards, dones, infos)  # type: ignore[misc]
+            return
+        for i, lane in enumerate(self._lanes):
+            rows = self._seed_rows(i)
+            lane._update_info_buffer(infos[rows], dones[rows])
+            lane._collect_observe(
+                map_observation(lambda x, r=rows: x[r], obs), rewards[rows], dones[rows], infos[rows]
+            )
+
+    def _forget_rollouts(self) -> None:
+        super()._forget_rollouts()  # type: ignore[misc]
+        for lane in self._lanes or ():
+            lane._forget_rollouts()
+
+    # ------------------------------------------------------------------ the replay
+    def _group_replays(
+        self, total_timesteps: int, reset_num_timesteps: bool
+    ) -> tuple[SeedReplays, list[int]]:
+        """Every lane's replay for this run and its reservation."""
+        assert self._lanes is not None
+        pairs = [lane._replay_for_run(total_timesteps, reset_num_timesteps) for lane in self._lanes]
+        return SeedReplays([replay for replay, _ in pairs]), [rows for _, rows in pairs]
+
+    def _set_up_lanes_for_run(self, replays: SeedReplays, reset_num_timesteps: bool) -> None:
+        assert self._lanes is not None
+        for lane, replay in zip(self._lanes, replays.buffers, strict=True):
+            lane.replay_buffer = replay
+            if reset_num_timesteps:
+                lane.num_timesteps = 0
+                lane._n_updates = 0
+                lane._reset_training_schedule()
+            if lane.ep_info_buffer is None or reset_num_timesteps:
+                lane.ep_info_buffer = type(self.ep_info_buffer)(maxlen=self.ep_info_buffer.maxlen)
+                lane.ep_success_buffer = type(self.ep_success_buffer)(maxlen=self.ep_success_buffer.maxlen)
+
+    # ------------------------------------------------------------------ training
+    def train(self, gradient_steps: int, batch_size: int = 0) -> None:
+        if self._lanes is None:
+            super().train(gradient_steps, batch_size)
+            return
+        owed = np.array([lane._take_owed_updates() for lane in self._lanes])
+        if owed.max() <= 0:
+            return
+        if self._n_updates == 0:
+            for cb in self._wm_callbacks:
+                cb.on_pretrain()
+        per_call = self._lanes[0]._updates_per_call
+        total = int(owed.max())
+        chunks = [per_call] * (total // per_call) + [1] * (total % per_call)
+        progress = self._current_progress_remaining
+        rates = jnp.asarray([float(lane.lr_schedule(progress)) for lane in self._lanes], jnp.float32)
+        state = self.policy.state
+        agent_state = jax.vmap(self.core.set_learning_rate)(state["agent"], rates)
+        train = _masked_training(self.core).over_seeds(self._config)
+        per_seed: list[list[dict]] = [[] for _ in self._lanes]
+        done = 0
+        for k in chunks:
+            counts = np.clip(owed - done, 0, k)
+            batches = [
+                lane._training_batch(int(c)) if c else None
+                for lane, c in zip(self._lanes, counts, strict=True)
+            ]
+            batch = stack_trees(_padded_batches([b.batch if b else None for b in batches], k))
+            active = jnp.asarray(np.arange(k)[None, :] < counts[:, None])
+            new_state, metrics, *outputs = train(agent_state, batch, active)
+            metrics = jax.device_get(metrics)
+            for i, lane in enumerate(self._lanes):
+                if counts[i]:
+                    seed_metrics = {key: value[i, : counts[i]] for key, value in metrics.items()}
+                    self._refuse_non_finite_seed(i, lane, seed_metrics, done)
+            agent_state = new_state
+            for i, training in enumerate(batches):
+                if training is not None:
+                    training.commit(
+                        *(jax.tree_util.tree_map(lambda x, i=i, c=counts[i]: x[i, :c], tuple(outputs)))
+                    )
+                    per_seed[i].append({key: value[i, : counts[i]] for key, value in metrics.items()})
+            self.policy.state = {**state, "agent": agent_state}
+            done += k
+        for lane, c in zip(self._lanes, owed, strict=True):
+            lane._n_updates += int(c)
+        self._n_updates += total
+        self._log_group_metrics(per_seed, float(np.mean(np.asarray(rates))))
+
+    def _refuse_non_finite_seed(self, index: int, lane: Any, metrics: dict, done: int) -> None:
+        try:
+            lane._refuse_non_finite_update(metrics, done)
+        except FloatingPointError as error:
+            raise type(error)(f"Seed {lane.seed} (index {index}): {error}") from None
+
+    def _log_group_metrics(self, per_seed: list[list[dict]], learning_rate: float) -> None:
+        """Each seed's metrics as ``seed_<seed>/train/<key>`` (not printed), their mean over the seeds
+        as ``train/<key>``; callbacks get every update's metrics averaged over the seeds that ran it."""
+        assert self.seeds is not None
+        means: dict[str, list[float]] = {}
+        for seed, calls in zip(self.seeds, per_seed, strict=True):
+            if not calls:
+                continue
+            stacked = {key: np.concatenate([m[key] for m in calls]) for key in calls[0]}
+            for key, values in stacked.items():
+                value = aggregate_metric(key, values)
+                self.logger.record(f"seed_{seed}/train/{key}", value, exclude="stdout")
+                means.setdefault(key, []).append(value)
+        for key, values in means.items():
+            self.logger.record(f"train/{key}", aggregate_metric(key, np.asarray(values)))
+        if self._wm_callbacks:
+            for metrics in _update_means(per_seed):
+                for cb in self._wm_callbacks:
+                    record_extra_metrics(self.logger, cb.on_post_update(metrics))
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/learning_rate", learning_rate)
+        self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)  # type: ignore[attr-defined]
+        self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)  # type: ignore[attr-defined]
+
+    def dump_logs(self) -> None:
+        """SB3's logs; for a group, each seed's episode statistics as ``seed_<seed>/rollout/...`` and
+        their interquartile mean over the seeds as ``rollout/ep_rew_iqm`` (``rollout/ep_rew_mean`` is
+        the mean over every seed's episodes)."""
+        if self._lanes is not None:
+            assert self.seeds is not None
+            returns = []
+            for seed, lane in zip(self.seeds, self._lanes, strict=True):
+                if lane.ep_info_buffer:
+                    ret = safe_mean([info["r"] for info in lane.ep_info_buffer])
+                    returns.append(ret)
+                    self.logger.record(f"seed_{seed}/rollout/ep_rew_mean", ret, exclude="stdout")
+                    length = safe_mean([info["l"] for info in lane.ep_info_buffer])
+                    self.logger.record(f"seed_{seed}/rollout/ep_len_mean", length, exclude="stdout")
+            if returns:
+                self.logger.record("rollout/ep_rew_iqm", interquartile_mean(returns))
+        super().dump_logs()
+
+
+def _update_means(per_seed: list[list[dict]]) -> list[dict[str, float]]:
+    """Per update index, each ``train/<key>`` averaged over the seeds that ran that update."""
+    rows: list[dict[str, list[float]]] = []
+    for calls in per_seed:
+        if not calls:
+            continue
+        stacked = {key: np.concatenate([m[key] for m in calls]) for key in calls[0]}
+        for key, values in stacked.items():
+            for u, v in enumerate(values):
+                while len(rows) <= u:
+                    rows.append({})
+                rows[u].setdefault(f"train/{key}", []).append(float(v))
+    return [{key: float(np.mean(v)) for key, v in row.items()} for row in rows]
+
+
+def _padded_batches(batches: list[Any], k: int) -> list[Any]:
+    """Every seed's batch with k updates: a seed that owes fewer gets zero batches for the rest (its
+    updates there are masked off), one that owes none zeros throughout."""
+    template = next(b for b in batches if b is not None)
+
+    def pad(leaf: Any, like: Any) -> Any:
+        rows = 0 if leaf is None else leaf.shape[0]
+        zeros = jnp.zeros((k - rows, *like.shape[1:]), like.dtype)
+        return zeros if leaf is None else (leaf if rows == k else jnp.concatenate([leaf, zeros]))
+
+    return [
+        jax.tree_util.tree_map(lambda like, b=b: pad(None, like), template)
+        if b is None
+        else jax.tree_util.tree_map(lambda leaf, like: pad(leaf, like), b, template)
+        for b in batches
+    ]
+
+
+def interquartile_mean(values: Sequence[float]) -> float:
+    """The interquartile mean of ``values``: the mean after dropping the lowest and highest quarter
+    (``scipy.stats.trim_mean(values, 0.25)``, rliable's IQM); the mean itself for fewer than 4."""
+    return float(scipy.stats.trim_mean(np.asarray(values, np.float64), 0.25))
+
+
+class SeedReplays:
+    """The replays of a seed group's seeds (``buffers[i]`` is the ``i``-th seed's)."""
+
+    def __init__(self, buffers: list[Any]) -> None:
+        self.buffers = buffers
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(b.nbytes for b in self.buffers))
+
+    def bytes_to_reserve(self, reservations: list[int]) -> int:
+        return int(sum(b.bytes_to_reserve(r) for b, r in zip(self.buffers, reservations, strict=True)))
+
+    def reserve(self, reservations: list[int]) -> None:
+        for buffer, rows in zip(self.buffers, reservations, strict=True):
+            buffer.reserve(rows)
+
+    def __len__(self) -> int:
+        return len(self.buffers)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.buffers[index]
