@@ -147,7 +147,7 @@ class WorldModelAlgorithm(
             env_id = env
             env = group_vec_env(lambda s: make_env(env_id, n_envs, s, action_repeat), self.seeds)
         else:
-            env = make_env(env, n_envs, seed, action_repeat)
+            env = make_env(env, n_envs, seed, action_repeat)  # type: ignore[arg-type]
         if isinstance(env, (gym.Env, VecEnv)):
             # Clear errors before SB3's own assertions on the spaces.
             ObservationAdapter.from_space(env.observation_space, self.agent_name, self.allow_images)
@@ -177,7 +177,7 @@ class WorldModelAlgorithm(
             verbose=verbose,
             device="cpu",
             support_multi_env=True,
-            seed=seed,
+            seed=seed,  # type: ignore[arg-type]
             use_sde=False,
             sde_support=False,
             supported_action_spaces=(spaces.Box, spaces.Discrete) if self.allow_discrete else (spaces.Box,),
@@ -205,7 +205,7 @@ class WorldModelAlgorithm(
             self.seeds, self._lanes = None, None
             self.policy.state = self._build_state()
         else:
-            self._lanes = [self._make_lane(i) for i in range(len(self.seeds))]
+            self._lanes = [self._make_lane(i) for i in range(self.n_seeds)]
             self.policy.state = self._build_group_state()
         self.policy.algorithm_predict = self.predict
         self.policy.policy_file_contents = self._policy_file_contents

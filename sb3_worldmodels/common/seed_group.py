@@ -17,6 +17,8 @@ least over the seeds (DreamerV3's rows differ between seeds whose episodes end a
 
 from __future__ import annotations
 
+import functools
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +33,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 from sb3_worldmodels.blocks.seeds import masked_updates, stack_trees, tree_slice
 from sb3_worldmodels.common.agent_hooks import AgentHooks
 from sb3_worldmodels.common.boundary import AgentObservation, map_observation
-from sb3_worldmodels.common.callbacks import record_extra_metrics
+from sb3_worldmodels.common.callbacks import WorldModelCallback, record_extra_metrics
 from sb3_worldmodels.common.training import aggregate_metric
 
 _MASKED_TRAINING: dict[Any, Any] = {}
@@ -62,7 +64,11 @@ def group_vec_env(make_one: Any, seeds: tuple[int, ...]) -> VecEnv:
         if not isinstance(vec, DummyVecEnv):
             raise TypeError("A seed group builds its envs from an env id as DummyVecEnvs.")
         envs.extend(vec.envs)
-    return DummyVecEnv([lambda env=env: env for env in envs])
+    return DummyVecEnv([functools.partial(_same, env) for env in envs])
+
+
+def _same(env: Any) -> Any:
+    return env
 
 
 def _masked_training(core: Any) -> Any:
@@ -79,6 +85,8 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
     seeds: tuple[int, ...] | None
     policy: Any
     _config: Any
+    _wm_callbacks: list[WorldModelCallback]
+    action_repeat: int
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -98,7 +106,7 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
     def _make_lane(self, index: int) -> Any:
         """The single-seed model of the ``index``-th seed (no envs), set up as a loaded model is."""
         assert self.seeds is not None
-        lane = type(self)(policy=type(self.policy), env=None, _init_setup_model=False)  # type: ignore[call-arg]
+        lane = type(self)(policy=type(self.policy), env=None, _init_setup_model=False)  # type: ignore[call-arg,arg-type]
         lane.__dict__.update(self._lane_attributes())
         lane.seed = self.seeds[index]
         lane.seeds = None
@@ -131,7 +139,7 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
             return
         super().set_random_seed(self.seeds[0])
         if self.env is not None:
-            self.env._seeds = [s + j for s in self.seeds for j in range(self.envs_per_seed)]  # type: ignore[attr-defined]
+            self.env._seeds = [s + j for s in self.seeds for j in range(self.envs_per_seed)]
 
     def seed_model(self, index: int) -> Any:
         """An ordinary single-seed model of the ``index``-th seed (of the same class, without envs or
@@ -220,8 +228,8 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
                 lane._n_updates = 0
                 lane._reset_training_schedule()
             if lane.ep_info_buffer is None or reset_num_timesteps:
-                lane.ep_info_buffer = type(self.ep_info_buffer)(maxlen=self.ep_info_buffer.maxlen)
-                lane.ep_success_buffer = type(self.ep_success_buffer)(maxlen=self.ep_success_buffer.maxlen)
+                lane.ep_info_buffer = deque(maxlen=self._stats_window_size)
+                lane.ep_success_buffer = deque(maxlen=self._stats_window_size)
 
     # ------------------------------------------------------------------ training
     def train(self, gradient_steps: int, batch_size: int = 0) -> None:
@@ -291,15 +299,15 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
                 value = aggregate_metric(key, values)
                 self.logger.record(f"seed_{seed}/train/{key}", value, exclude="stdout")
                 means.setdefault(key, []).append(value)
-        for key, values in means.items():
-            self.logger.record(f"train/{key}", aggregate_metric(key, np.asarray(values)))
+        for key, seed_values in means.items():
+            self.logger.record(f"train/{key}", aggregate_metric(key, np.asarray(seed_values)))
         if self._wm_callbacks:
             for metrics in _update_means(per_seed):
                 for cb in self._wm_callbacks:
                     record_extra_metrics(self.logger, cb.on_post_update(metrics))
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/learning_rate", learning_rate)
-        self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)  # type: ignore[attr-defined]
+        self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)
         self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)  # type: ignore[attr-defined]
 
     def dump_logs(self) -> None:
