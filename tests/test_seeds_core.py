@@ -4,6 +4,8 @@ axis equals the separate single-seed calls, for both cores, vector and pixel obs
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -154,7 +156,7 @@ class Case:
     states: list
     batches: list  # per seed, leading K
     active: tuple[tuple[bool, ...], ...]
-    acting: Callable[[Any, int], tuple]  # (config, seed) -> the acting function's arguments
+    acting: Callable[[Any, Any, int], tuple]  # (config, state, seed) -> the acting function's arguments
 
 
 def dreamerv3_case(pixels: bool) -> Case:
@@ -190,7 +192,7 @@ def dreamerv3_case(pixels: bool) -> Case:
             batch["obs"] = rng.normal(size=(*shape, config.obs_dim)).astype(np.float32)
         return batch
 
-    def acting(config: Any, seed: int) -> tuple:
+    def acting(config: Any, state: Any, seed: int) -> tuple:
         rng = np.random.default_rng(200 + seed)
         n = 3
         obs = (
@@ -205,8 +207,8 @@ def dreamerv3_case(pixels: bool) -> Case:
             ],
             action=np.eye(2, dtype=np.float32)[rng.integers(0, 2, n)],
         )
-        params = core.policy_params(states[seed])
-        return params, carry, obs, np.asarray([True, False, False]), jax.random.PRNGKey(300 + seed)
+        first = np.asarray([True, False, False])
+        return core.policy_params(state), carry, obs, first, jax.random.PRNGKey(300 + seed)
 
     states = [core.init_state(config, jax.random.PRNGKey(s)) for s in SEEDS]
     return Case(core, config, states, [batches(s) for s in SEEDS], active, acting)
@@ -232,14 +234,14 @@ def tdmpc2_case(pixels: bool) -> Case:
             "reward": rng.normal(size=(k, h, b)).astype(np.float32),
         }
 
-    def acting(config: Any, seed: int) -> tuple:
+    def acting(config: Any, state: Any, seed: int) -> tuple:
         rng = np.random.default_rng(200 + seed)
         n = 2
         obs_shape = config.image_shape if pixels else (config.obs_dim,)
         obs = rng.integers(0, 256, (n, *obs_shape)).astype(np.uint8) if pixels else None
         obs = obs if pixels else rng.normal(size=(n, *obs_shape)).astype(np.float32)
         prev_mean = rng.uniform(-1, 1, (n, h, 2)).astype(np.float32)
-        return states[seed].params, obs, prev_mean, np.asarray([True, False]), jax.random.PRNGKey(300 + seed)
+        return state.params, obs, prev_mean, np.asarray([True, False]), jax.random.PRNGKey(300 + seed)
 
     states = [core.init_state(config, jax.random.PRNGKey(s)) for s in SEEDS]
     return Case(core, config, states, [batches(s) for s in SEEDS], active, acting)
@@ -324,7 +326,114 @@ def check_acting(case: Case) -> None:
     """The acting function (DreamerV3's policy_step, TD-MPC2's act) over seeds, each seed its own
     parameters, observations, carry and key, equals the separate calls."""
     act = case.core.policy_step_jit if hasattr(case.core, "policy_step_jit") else case.core.act_jit
-    args = [case.acting(case.config, seed) for seed in SEEDS]
+    args = [case.acting(case.config, case.states[seed], seed) for seed in SEEDS]
     group = act.over_seeds(case.config)(*S.stack_trees(args))
     for seed in SEEDS:
         assert_trees_close(S.tree_slice(group, seed), act(case.config, *args[seed]), f"seed {seed} acting")
+
+
+# ------------------------------------------------------------------------------------------------
+# Float settings per seed
+# ------------------------------------------------------------------------------------------------
+
+UNREAD = {
+    "dreamerv3": {
+        "minstd": "the continuous actor's (the case's actions are discrete)",
+        "maxstd": "the continuous actor's (the case's actions are discrete)",
+        "rec_image_scale": "the image decoder's (the case has no image)",
+    },
+    "tdmpc2": {"termination_coef": "episodic agents' (the case is not episodic)"},
+}
+"""Float fields the test's configs have no use for, with the reason."""
+CHANGED = {"grad_clip_norm": 1e-3, "eps": 1e-2, "temperature": 50.0, "min_std": 1.0}
+"""Changed values that show where half the value would not: the gradients' norms lie below half of
+20 and far above DreamerV3's epsilon, the planner's values differ by 1e-4 and its stds stay above
+0.05."""
+SCALES = {
+    "dreamerv3": {"rep_scale": 0.3, "actent": 1e-2},
+    "tdmpc2": {"consistency_coef": 5.0, "reward_coef": 1.0},
+}
+"""Two loss scales of seed 1 in the equality test."""
+SETTINGS_TOLERANCE = (1e-4, 1e-5)
+"""rtol, atol of a seed with traced settings against the single-seed program, whose settings are
+constants (folded, some in float64 on the host: γ = 1 − 1/333): LaProp's normalised momentum of
+small gradients differed by up to 1.2e-6 (6e-4 relative) after one update."""
+
+
+def config_module(case: Case) -> Any:
+    return importlib.import_module(case.core.__name__.replace(".agent", ".config"))
+
+
+def per_seed_fields(case: Case) -> list[str]:
+    refused = config_module(case).PER_SEED_REFUSED
+    return [f.name for f in dataclasses.fields(case.config) if f.type == "float" and f.name not in refused]
+
+
+def same_over_seeds(leaf: Any) -> bool:
+    leaf = np.asarray(leaf)  # a metric with nothing to average is NaN in both
+    return np.array_equal(leaf[0], leaf[1], equal_nan=bool(np.issubdtype(leaf.dtype, np.inexact)))
+
+
+def test_settings_per_seed_equal_single_seed_runs_and_every_field_reaches_the_program(case: Case):
+    """Every float field but the refused ones given per seed, in one program (train and act): with two
+    loss scales changed, seed 1 equals the single-seed run of dataclasses.replace(config, ...), seed
+    0 (the config's values) the config's run; and each field, changed alone for seed 1, changes its
+    outputs (it is read inside the program, not ignored), but those :data:`UNREAD` by the case."""
+    agent = case.core.__name__.split(".")[1]
+    module, config = config_module(case), case.config
+    fields = per_seed_fields(case)
+    # Two updates in: the reward, value and critic heads start at zero, which hides the discount, λ
+    # and the planner's temperature at the first update; the slow critic is past its copy.
+    state, _ = train_alone(case, 0, 2)
+    batch = jax.tree_util.tree_map(lambda x: x[:1], case.batches[1])
+    states, batches = S.stack_trees([state, state]), S.stack_trees([batch, batch])
+    act_args = S.stack_trees([case.acting(config, state, 0)] * 2)
+    train = S.masked_updates(case.core.train_step)
+    act = case.core.policy_step_jit if agent == "dreamerv3" else case.core.act_jit
+
+    def run(changes: dict[str, float]) -> tuple:
+        values = {name: [getattr(config, name), changes.get(name, getattr(config, name))] for name in fields}
+        seeded = module.seed_settings(config, values)
+        trained = train.over_seeds(seeded)(states, batches, np.ones((2, 1), bool))
+        return trained, act.over_seeds(seeded)(*act_args)
+
+    trained, _ = run(SCALES[agent])
+    alone = case.core.train_many_jit(config, state, batch)
+    assert_trees_close(S.tree_slice(trained, 0), alone, "seed 0", *SETTINGS_TOLERANCE)
+    scaled = case.core.train_many_jit(dataclasses.replace(config, **SCALES[agent]), state, batch)
+    assert_trees_close(S.tree_slice(trained, 1), scaled, "seed 1", *SETTINGS_TOLERANCE)
+
+    unread = []
+    for name in fields:
+        value = getattr(config, name)
+        outputs = run({name: CHANGED.get(name, 0.5 * value if value else 0.1)})
+        if all(same_over_seeds(x) for x in jax.tree_util.tree_leaves(outputs)):
+            unread.append(name)
+    assert sorted(unread) == sorted(UNREAD[agent])
+
+
+def test_settings_refuse_what_cannot_differ_per_seed(case: Case):
+    module, config = config_module(case), case.config
+    int_field = "batch_size"
+    bool_field = "discrete" if hasattr(config, "discrete") else "episodic"
+    scale = next(iter(SCALES["dreamerv3" if hasattr(config, "discrete") else "tdmpc2"]))
+    for name, reason in module.PER_SEED_REFUSED.items():
+        with pytest.raises(ValueError, match=f"{name} cannot take one value per seed: {re.escape(reason)}"):
+            module.seed_settings(config, {name: [1.0, 2.0]})
+    for name, words in ((int_field, "an integer"), (bool_field, "a switch"), ("image_shape", "not a number")):
+        with pytest.raises(ValueError, match=f"{name} cannot take one value per seed: {words}"):
+            module.seed_settings(config, {name: [1, 2]})
+    with pytest.raises(ValueError, match="'scale' is not a field"):
+        module.seed_settings(config, {"scale": [1.0]})
+    with pytest.raises(ValueError, match="one value per seed"):
+        module.seed_settings(
+            config, {scale: [1.0, 2.0], "tau" if "tau" in per_seed_fields(case) else "lam": [0.5]}
+        )
+    with pytest.raises(ValueError, match=f"seed index 1: .*{scale}=-1.0 is invalid"):
+        module.seed_settings(config, {scale: [1.0, -1.0]})  # each seed's config checked
+    with pytest.raises(ValueError, match="finite number"):
+        module.seed_settings(config, {scale: [1.0, float("nan")]})
+    seeded = module.seed_settings(config, {scale: [1.0, 2.0]})
+    assert seeded.n_seeds == 2 and getattr(seeded.seed_config(1), scale) == 2.0
+    with pytest.raises(TypeError, match="over_seeds"):  # a single-seed call cannot take per-seed values
+        case.core.train_many_jit.for_config(seeded)

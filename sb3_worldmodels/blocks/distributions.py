@@ -56,7 +56,7 @@ def unimix_logits(logits: ArrayLike, mix: float) -> Array:
         (..., C) float32 normalised log-probabilities.
     """
     logits = jnp.asarray(logits, jnp.float32)
-    if mix == 0.0:
+    if not isinstance(mix, jax.core.Tracer) and mix == 0.0:  # a traced mix: one per seed, any value
         return jax.nn.log_softmax(logits, axis=-1)
     probs = jax.nn.softmax(logits, axis=-1)
     probs = (1.0 - mix) * probs + mix / logits.shape[-1]

@@ -228,7 +228,8 @@ def laprop(
     The stage states are in ``opt_state.inner_state`` in chain order, e.g. ``inner_state[1].nu`` and
     ``inner_state[2].mu`` (see :func:`optimizer` for the learning rate).
     """
-    direction = [scale_by_agc(agc, pmin)] if agc > 0 else []
+    clipped = isinstance(agc, jax.core.Tracer) or agc > 0  # traced: one positive value per seed
+    direction = [scale_by_agc(agc, pmin)] if clipped else []
     direction += [scale_by_rms_corrected(beta2, eps), scale_by_momentum_corrected(beta1)]
     return optimizer(direction, learning_rate, after=[scale_by_warmup(warmup)])
 

@@ -6,12 +6,15 @@
   numbers of updates.
 - :func:`stack_trees`, :func:`tree_slice`, :func:`unstack_tree` move between S single-seed pytrees
   and one pytree with a leading S.
+- :func:`with_settings` gives float settings one value per seed (a random search in one program).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -109,3 +112,146 @@ def masked_updates(train_step: Callable[..., tuple[Any, ...]]) -> AgentFunction:
     masked.__name__ = masked.__qualname__ = f"masked_{name}"  # the program's name
     masked.__doc__ = f"``{name}`` over the leading K of the batches where ``active`` (K,) is true."
     return agent_jit(masked)
+
+
+# ------------------------------------------------------------------------------------------------
+# Float settings per seed
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedSettings:
+    """A config and one value per seed of some of its float fields (:func:`with_settings`); a
+    :class:`~sb3_worldmodels.blocks.jit.PerSeedConfig` for
+    :meth:`~sb3_worldmodels.blocks.jit.AgentFunction.over_seeds`."""
+
+    config: Any
+    """The config of every other field (its own values of the per-seed fields are not used)."""
+    values: tuple[tuple[str, tuple[float, ...]], ...]
+    """(field, S values) of each per-seed field, in the order given."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.values)
+
+    @property
+    def n_seeds(self) -> int:
+        return len(self.values[0][1])
+
+    def seed_config(self, index: int) -> Any:
+        """Seed ``index``'s config, concrete (``dataclasses.replace``): what a single-seed run of that
+        seed uses."""
+        return dataclasses.replace(self.config, **{name: vals[index] for name, vals in self.values})
+
+    @property
+    def program_key(self) -> Hashable:
+        return ("per-seed settings", self.config, self.names)
+
+    def seed_values(self) -> dict[str, Any]:
+        return {name: np.asarray(vals, np.float32) for name, vals in self.values}
+
+    def traced_config(self, values: dict[str, Any]) -> Any:
+        """The config with ``values`` (traced, one seed's) in the per-seed fields, built without the
+        config's ``__init__``/``__post_init__`` (validation happened on the concrete values)."""
+        traced: Any = object.__new__(_traced_class(type(self.config)))
+        for field in dataclasses.fields(self.config):
+            object.__setattr__(traced, field.name, values.get(field.name, getattr(self.config, field.name)))
+        object.__setattr__(traced, "_per_seed_key", self.program_key)
+        return traced
+
+
+_TRACED_CLASSES: dict[type, type] = {}
+
+
+def _traced_class(cls: type) -> type:
+    """A subclass of the config class whose instances hash and compare by the settings' program key,
+    not by their (traced, unhashable) values: the cores' per-config caches (``make_networks``, ...)
+    take it, and keep it apart from the plain config."""
+    if cls not in _TRACED_CLASSES:
+
+        def __hash__(self: Any) -> int:
+            return hash(self._per_seed_key)
+
+        def __eq__(self: Any, other: Any) -> bool:
+            return type(other) is type(self) and other._per_seed_key == self._per_seed_key
+
+        namespace = {"__hash__": __hash__, "__eq__": __eq__, "__module__": __name__}
+        _TRACED_CLASSES[cls] = type(f"PerSeed{cls.__name__}", (cls,), namespace)
+    return _TRACED_CLASSES[cls]
+
+
+NOT_FLOAT_REASONS = {
+    "bool": "a switch: it selects which program is built, one for all seeds",
+    "int": "an integer: counts and sizes set the compiled shapes and loops, one for all seeds",
+    "other": "not a number: it selects the program's structure, one for all seeds",
+}
+
+
+def with_settings(
+    config: Any,
+    settings: Mapping[str, Sequence[float]],
+    refused: Mapping[str, str] | None = None,
+    validate: Callable[[Any], object] | None = None,
+) -> SeedSettings:
+    """``config`` with the float fields named in ``settings`` given one value per seed: {field: S
+    values}, every list as long (S). Inside :meth:`~sb3_worldmodels.blocks.jit.AgentFunction.over_seeds`
+    each seed's config holds its values, traced (one program for any values).
+
+    Refused with a ValueError naming the field and the reason: a name that is no field of the
+    config; a field that is not a float (int, bool, tuple, str: they set shapes or the program's
+    structure); a field of ``refused`` ({field: reason}, the agent's own list of float fields that
+    cannot be traced, e.g. read in Python control flow or outside the compiled functions). Each seed's
+    concrete config (:meth:`SeedSettings.seed_config`) is checked by ``validate`` (the agent's config
+    check), so a bad value is reported with its seed.
+    """
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"with_settings takes a dataclass config, got {type(config).__name__}.")
+    if not settings:
+        raise ValueError("with_settings: give at least one field with one value per seed.")
+    fields = {field.name: field for field in dataclasses.fields(config)}
+    kind = type(config).__name__
+    values = []
+    for name, given in settings.items():
+        if name not in fields:
+            raise ValueError(f"{name!r} is not a field of {kind}; per-seed settings name config fields.")
+        reason = _refusal(getattr(config, name), fields[name], (refused or {}).get(name))
+        if reason:
+            raise ValueError(f"{kind}.{name} cannot take one value per seed: {reason}.")
+        values.append((name, _float_values(kind, name, given)))
+    lengths = {name: len(vals) for name, vals in values}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"per-seed settings must all have one value per seed (as many each), got {lengths}.")
+    seeded = SeedSettings(config, tuple(values))
+    for index in range(seeded.n_seeds):
+        seed_config = seeded.seed_config(index)
+        if validate is not None:
+            try:
+                validate(seed_config)
+            except ValueError as error:
+                raise ValueError(f"per-seed settings, seed index {index}: {error}") from error
+    return seeded
+
+
+def _refusal(value: Any, field: dataclasses.Field, refused_reason: str | None) -> str | None:
+    if refused_reason:
+        return refused_reason
+    annotation = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    if annotation == "float" and isinstance(value, (float, int)) and not isinstance(value, bool):
+        return None
+    if annotation == "bool" or isinstance(value, bool):
+        return NOT_FLOAT_REASONS["bool"]
+    if annotation == "int":
+        return NOT_FLOAT_REASONS["int"]
+    return NOT_FLOAT_REASONS["other"]
+
+
+def _float_values(kind: str, name: str, given: Any) -> tuple[float, ...]:
+    if isinstance(given, (str, bytes)) or not isinstance(given, Sequence | np.ndarray) or not len(given):
+        raise ValueError(f"{kind}.{name}: give a list of one value per seed, got {given!r}.")
+    out = []
+    for value in list(given):
+        real = isinstance(value, (numbers.Real, np.floating, np.integer)) and not isinstance(value, bool)
+        if not real or not math.isfinite(float(value)):
+            raise ValueError(f"{kind}.{name}: every per-seed value must be a finite number, got {value!r}.")
+        out.append(float(value))
+    return tuple(out)

@@ -22,6 +22,7 @@ from sb3_worldmodels.blocks.checks import (
     check_fields,
 )
 from sb3_worldmodels.blocks.jit import check_matmul_precision
+from sb3_worldmodels.blocks.seeds import SeedSettings, with_settings
 
 # preset -> (units U, deter D, hidden H, classes C); configs.yaml:149-177. The rules D = 8U, H = U,
 # C = U/16 extend to "1m" (U = 64), which 2411f7d does not have (docs/deviations.md).
@@ -335,7 +336,12 @@ def preset(model_size: str, **overrides) -> DreamerV3Config:
     for name in ("obs_keys", "image_keys"):
         if name in overrides:
             overrides[name] = tuple((str(k), int(w)) for k, w in overrides[name])
-    cfg = base.replace(**overrides)
+    return check_config(base.replace(**overrides))
+
+
+def check_config(cfg: DreamerV3Config) -> DreamerV3Config:
+    """``cfg`` if every field is valid (:data:`_RULES` and the rules between fields), else a ValueError
+    naming the field."""
     check_fields(cfg, _RULES, "DreamerV3")
     if cfg.bins < 2 or cfg.return_horizon <= 1 or cfg.maxstd < cfg.minstd:
         raise ValueError(
@@ -367,3 +373,30 @@ def _check_observation_fields(cfg: DreamerV3Config) -> None:
         )
     if cfg.image_keys and sum(c for _, c in cfg.image_keys) != cfg.image_shape[2]:
         raise ValueError(f"image_keys {cfg.image_keys} do not add up to {cfg.image_shape[2]} channels.")
+
+
+PER_SEED_REFUSED: dict[str, str] = {
+    "unimix": (
+        "it is an attribute of the RSSM module, built once per config (networks.make_networks), so "
+        "all seeds share it"
+    ),
+    "learning_rate": (
+        "the rate lives in each seed's optimiser state: set it there with agent.set_learning_rate (a "
+        "stacked state carries one rate per seed)"
+    ),
+    "weight_decay": "only 0 is supported (agent.make_optimizer refuses other values)",
+    "train_ratio": (
+        "the training schedule reads it on the host to count updates; the compiled functions never see it"
+    ),
+}
+"""The float fields that cannot take one value per seed (:func:`seed_settings`), with the reason;
+every other float field can (tests/test_seeds_core.py traces each and checks that it reaches the
+update or the acting step)."""
+
+
+def seed_settings(config: DreamerV3Config, settings: dict[str, list[float]]) -> SeedSettings:
+    """``config`` with float fields given one value per seed ({field: S values}) for the agent
+    functions' ``over_seeds`` (:func:`~sb3_worldmodels.blocks.seeds.with_settings`); each seed's
+    config is checked (:func:`check_config`); :data:`PER_SEED_REFUSED` and non-float fields are
+    refused."""
+    return with_settings(config, settings, refused=PER_SEED_REFUSED, validate=check_config)

@@ -21,6 +21,7 @@ from sb3_worldmodels.blocks.checks import (
 )
 from sb3_worldmodels.blocks.episodes import discount_from_episode_length
 from sb3_worldmodels.blocks.jit import check_matmul_precision
+from sb3_worldmodels.blocks.seeds import SeedSettings, with_settings
 
 # size -> (enc_dim, mlp_dim, latent_dim, num_enc_layers, num_q); common/__init__.py:1-23.
 MODEL_SIZES: dict[int, tuple[int, int, int, int, int]] = {
@@ -292,6 +293,12 @@ def preset(model_size: int, **overrides) -> TDMPC2Config:
                 "@eece801): give a latent_dim that is a multiple of 16 (every model size has one)."
             )
         cfg = cfg.replace(num_channels=cfg.latent_dim // PIXEL_FEATURE_CELLS)
+    return check_config(cfg)
+
+
+def check_config(cfg: TDMPC2Config) -> TDMPC2Config:
+    """``cfg`` if every field is valid (:data:`_RULES`, the rules between fields, the observation and
+    the tasks), else a ValueError naming the field."""
     check_fields(cfg, _RULES, "TD-MPC2")
     if (
         cfg.num_bins < 2
@@ -388,3 +395,28 @@ def _check_tasks(cfg: TDMPC2Config) -> None:
         raise ValueError(
             "episodic=True is single-task only, as in the reference (world_model.py:136@7ec6bc8)."
         )
+
+
+PER_SEED_REFUSED: dict[str, str] = {
+    "dropout": (
+        "the Q dropout rate is checked and turned into the masks' integer threshold on the host when "
+        "the program is built (blocks.random.hash_bernoulli)"
+    ),
+    "vmin": "it places the two-hot bins, computed with numpy when the program is built",
+    "vmax": "it places the two-hot bins, computed with numpy when the program is built",
+    "learning_rate": (
+        "the rate lives in each seed's optimiser states: set it there with agent.set_learning_rate (a "
+        "stacked state carries one rate per seed)"
+    ),
+}
+"""The float fields that cannot take one value per seed (:func:`seed_settings`), with the reason;
+every other float field can (tests/test_seeds_core.py traces each and checks that it reaches the
+update or the planner)."""
+
+
+def seed_settings(config: TDMPC2Config, settings: dict[str, list[float]]) -> SeedSettings:
+    """``config`` with float fields given one value per seed ({field: S values}) for the agent
+    functions' ``over_seeds`` (:func:`~sb3_worldmodels.blocks.seeds.with_settings`); each seed's
+    config is checked (:func:`check_config`); :data:`PER_SEED_REFUSED` and non-float fields are
+    refused."""
+    return with_settings(config, settings, refused=PER_SEED_REFUSED, validate=check_config)
