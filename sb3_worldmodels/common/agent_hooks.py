@@ -41,7 +41,8 @@ class TrainingBatch(NamedTuple):
     """What one training call needs from the agent's numpy side."""
 
     batch: Any
-    """The pytree of k sampled batches that ``core.train_many_jit(config, state, batch)`` takes."""
+    """The pytree of k sampled batches (numpy arrays) that ``core.train_many_jit(config, state,
+    batch)`` takes."""
     commit: Callable[..., None]
     """Applies the call's side effects, given its outputs after (state, metrics) (e.g. DreamerV3's
     latents written back to the replay); called only once the metrics are finite."""

@@ -67,6 +67,10 @@ def group_vec_env(make_one: Any, seeds: tuple[int, ...]) -> VecEnv:
     return DummyVecEnv([functools.partial(_same, env) for env in envs])
 
 
+_split_keys = jax.jit(jax.vmap(jax.random.split))
+"""(S, 2) keys -> (S, 2, 2): each seed's key split in two, in one dispatch."""
+
+
 def _same(env: Any) -> Any:
     return env
 
@@ -165,7 +169,7 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         if self._lanes is None:
             return super()._collect_act(obs, learning_starts)  # type: ignore[misc]
         state = self.policy.state
-        keys = jax.vmap(jax.random.split)(state["act_key"])  # (S, 2, 2)
+        keys = _split_keys(state["act_key"])  # (S, 2, 2)
         self.policy.state = {**state, "act_key": keys[:, 0]}
         calls = [
             lane._act_call(
@@ -248,7 +252,7 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         progress = self._current_progress_remaining
         rates = jnp.asarray([float(lane.lr_schedule(progress)) for lane in self._lanes], jnp.float32)
         state = self.policy.state
-        agent_state = jax.vmap(self.core.set_learning_rate)(state["agent"], rates)
+        agent_state = self.core.set_learning_rate(state["agent"], rates)  # (S,) rates: one per seed
         train = _masked_training(self.core).over_seeds(self._config)
         per_seed: list[list[dict]] = [[] for _ in self._lanes]
         done = 0
@@ -259,6 +263,7 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
                 for lane, c in zip(self._lanes, counts, strict=True)
             ]
             batch = stack_trees(_padded_batches([b.batch if b else None for b in batches], k))
+            batch = jax.tree_util.tree_map(jnp.asarray, batch)  # one transfer per field
             active = jnp.asarray(np.arange(k)[None, :] < counts[:, None])
             new_state, metrics, *outputs = train(agent_state, batch, active)
             metrics = jax.device_get(metrics)
@@ -345,19 +350,21 @@ def _update_means(per_seed: list[list[dict]]) -> list[dict[str, float]]:
 
 
 def _padded_batches(batches: list[Any], k: int) -> list[Any]:
-    """Every seed's batch with k updates: a seed that owes fewer gets zero batches for the rest (its
-    updates there are masked off), one that owes none zeros throughout."""
+    """Every seed's (numpy) batch with k updates: a seed that owes fewer gets zero batches for the
+    rest (its updates there are masked off), one that owes none zeros throughout."""
     template = next(b for b in batches if b is not None)
 
     def pad(leaf: Any, like: Any) -> Any:
         rows = 0 if leaf is None else leaf.shape[0]
-        zeros = jnp.zeros((k - rows, *like.shape[1:]), like.dtype)
-        return zeros if leaf is None else (leaf if rows == k else jnp.concatenate([leaf, zeros]))
+        if rows == k:
+            return leaf
+        zeros = np.zeros((k - rows, *like.shape[1:]), like.dtype)
+        return zeros if leaf is None else np.concatenate([leaf, zeros])
 
     return [
-        jax.tree_util.tree_map(lambda like, b=b: pad(None, like), template)
+        jax.tree_util.tree_map(lambda like: pad(None, like), template)
         if b is None
-        else jax.tree_util.tree_map(lambda leaf, like: pad(leaf, like), b, template)
+        else jax.tree_util.tree_map(pad, b, template)
         for b in batches
     ]
 

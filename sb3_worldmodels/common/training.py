@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
@@ -87,7 +88,8 @@ class Trainer(AgentHooks, OffPolicyAlgorithm):
         """k updates in one jitted call on k batches of the agent's replay (``_training_batch``):
         (new state, metrics with a leading k, the call's side effects to apply once it is kept)."""
         training = self._training_batch(k)
-        new_state, metrics, *outputs = self.core.train_many_jit(self._config, agent_state, training.batch)
+        batch = jax.tree_util.tree_map(jnp.asarray, training.batch)
+        new_state, metrics, *outputs = self.core.train_many_jit(self._config, agent_state, batch)
         return new_state, metrics, functools.partial(training.commit, *outputs)
 
     def _refuse_non_finite_update(self, metrics: dict[str, np.ndarray], done: int) -> None:

@@ -290,7 +290,7 @@ class DreamerV3(WorldModelAlgorithm):
             self._current_action = action
             return action
 
-        arguments = (roll.carry, map_observation(jnp.asarray, obs), jnp.asarray(roll.pending.is_first), key)
+        arguments = (roll.carry, obs, roll.pending.is_first, key)  # numpy: the call transfers them
         static = {"deterministic": False}
         return AgentCall(core.policy_step_jit, core.policy_params, arguments, static, finish)
 
@@ -363,7 +363,7 @@ class DreamerV3(WorldModelAlgorithm):
         def write_back(latents: Any) -> None:  # only once finite: no NaN latent reaches the replay
             self.replay_buffer.write_back(envs, starts, jax.device_get(latents))
 
-        return TrainingBatch({name: jnp.asarray(value) for name, value in batch.items()}, write_back)
+        return TrainingBatch(batch, write_back)
 
     # ------------------------------------------------------------------ predict
     def predict(

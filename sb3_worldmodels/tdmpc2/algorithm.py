@@ -368,7 +368,7 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
 
         if self.num_timesteps <= self._seed_steps:
             return AgentCall(None, _agent_params, (), {}, finish)
-        arguments = (jnp.asarray(obs), roll.prev_mean, jnp.asarray(roll.first), key)
+        arguments = (obs, roll.prev_mean, roll.first, key)  # numpy: the call transfers them
         return AgentCall(core.act_jit, _agent_params, arguments, {"deterministic": False}, finish)
 
     def _start_episodes(self, envs: np.ndarray, obs: np.ndarray) -> None:
@@ -458,10 +458,10 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
     def _training_batch(self, k: int) -> TrainingBatch:
         batch = self.replay_buffer.sample(self._config.batch_size, count=k)  # (k, H+1, B, ...)
         batch = {
-            "obs": jnp.asarray(batch["obs"]),
-            "action": jnp.asarray(batch["action"][:, 1:]),
-            "reward": jnp.asarray(batch["reward"][:, 1:]),
-            "terminated": jnp.asarray(batch["terminated"][:, 1:]),
+            "obs": batch["obs"],
+            "action": batch["action"][:, 1:],
+            "reward": batch["reward"][:, 1:],
+            "terminated": batch["terminated"][:, 1:],
         }
         return TrainingBatch(batch, _nothing)
 

@@ -1,0 +1,144 @@
+"""Seed groups through ``learn``: throughput and memory at 1, 2, 4, ... seeds in one model.
+
+    python benchmarks/seeds_speed.py --agent dreamerv3 --seeds 1 2 4 8      # "1m", 16 envs per seed,
+                                                                           # 16x64, train ratio 512
+    python benchmarks/seeds_speed.py --agent tdmpc2 --seeds 1 2 4 8         # size 1, Pendulum-v1
+    python benchmarks/seeds_speed.py --agent tdmpc2 --seeds 1 2 --smoke     # tiny settings (a check)
+
+Each seed count builds its model (``seed=0`` for one seed: the ordinary single-seed program; a list
+``[0, ..., S-1]`` otherwise), runs ``learn`` until the training calls are compiled, then times a
+further ``learn``: DreamerV3's milliseconds per update (the wall time over the updates each seed ran)
+and TD-MPC2's agent steps per second (each seed plans and updates once per agent step after its seed
+steps). The per-seed cost and the ratio to one seed are what a group buys. Memory: the accelerator's
+bytes in use after the run (where the backend reports it) and the process's peak RSS. Prints one JSON
+line per seed count, with the machine, the JAX backend and the date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+
+from sb3_worldmodels import TDMPC2, DreamerV3  # noqa: E402
+from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE  # noqa: E402
+from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE  # noqa: E402
+
+DREAMER = dict(model_size="1m", batch_size=16, batch_length=64, train_ratio=512)
+TDMPC2_SETTINGS = dict(model_size=1, seed_steps=250)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return platform.processor()
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return f"{name} ({'avx512f' if 'avx512f' in flags else 'no avx512f'})"
+
+
+def device_bytes() -> int | None:
+    stats = jax.devices()[0].memory_stats()
+    return None if not stats else int(stats.get("bytes_in_use", 0))
+
+
+def seed_argument(n: int) -> int | list[int]:
+    return 0 if n == 1 else list(range(n))
+
+
+def lanes(model) -> list:
+    return model._lanes if model._lanes is not None else [model]
+
+
+def run_dreamerv3(n: int, smoke: bool, rows: int) -> dict:
+    settings = {**DREAMER_SMOKE} if smoke else dict(DREAMER)
+    model = DreamerV3("CartPole-v1", n_envs=16 if not smoke else 2, seed=seed_argument(n), **settings)
+    start = time.perf_counter()
+    model.learn(model.n_envs // n)
+    while model._n_updates == 0:  # through the first training call (compiles it)
+        model.learn(model.n_envs // n, reset_num_timesteps=False)
+    compiled = time.perf_counter() - start
+    updates = [lane._n_updates for lane in lanes(model)]
+    start = time.perf_counter()
+    model.learn(rows, reset_num_timesteps=False)
+    seconds = time.perf_counter() - start
+    per_seed = min(lane._n_updates - u for lane, u in zip(lanes(model), updates, strict=True))
+    return {
+        "agent": "dreamerv3",
+        "settings": "smoke" if smoke else "1m 16x64 ratio 512, 16 envs per seed",
+        "seeds": n,
+        "first_learn_s": round(compiled, 1),
+        "timed_s": round(seconds, 2),
+        "updates_per_seed": per_seed,
+        "ms_per_update": round(1000 * seconds / max(per_seed, 1), 2),
+        "updates_per_s_all_seeds": round(n * per_seed / seconds, 2),
+    }
+
+
+def run_tdmpc2(n: int, smoke: bool, steps: int) -> dict:
+    settings = {**TDMPC2_SMOKE, "seed_steps": 30} if smoke else dict(TDMPC2_SETTINGS)
+    model = TDMPC2("Pendulum-v1", seed=seed_argument(n), **settings)
+    start = time.perf_counter()
+    model.learn(settings["seed_steps"] + 200 + 2)  # an episode has ended: updates and plans compiled
+    compiled = time.perf_counter() - start
+    before = model.num_timesteps
+    start = time.perf_counter()
+    model.learn(steps, reset_num_timesteps=False)
+    seconds = time.perf_counter() - start
+    done = model.num_timesteps - before
+    return {
+        "agent": "tdmpc2",
+        "settings": "smoke" if smoke else "size 1, Pendulum-v1, 1 env per seed",
+        "seeds": n,
+        "first_learn_s": round(compiled, 1),
+        "timed_s": round(seconds, 2),
+        "agent_steps_per_seed": done,
+        "agent_steps_per_s_per_seed": round(done / seconds, 2),
+        "agent_steps_per_s_all_seeds": round(n * done / seconds, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--agent", choices=("dreamerv3", "tdmpc2"), required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--smoke", action="store_true", help="tiny settings: checks the script runs")
+    parser.add_argument("--rows", type=int, default=1024, help="DreamerV3: timed rows per seed")
+    parser.add_argument("--steps", type=int, default=100, help="TD-MPC2: timed agent steps per seed")
+    args = parser.parse_args()
+    first = None
+    for n in args.seeds:
+        if args.agent == "dreamerv3":
+            row = run_dreamerv3(n, args.smoke, args.rows)
+            cost = row["ms_per_update"]
+        else:
+            row = run_tdmpc2(n, args.smoke, args.steps)
+            cost = 1.0 / row["agent_steps_per_s_per_seed"]
+        first = cost if first is None else first
+        row.update(
+            time_ratio_to_first=round(cost / first, 3),
+            device_bytes_in_use=device_bytes(),
+            peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            backend=jax.default_backend(),
+            device=str(jax.devices()[0].device_kind),
+            cpu=cpu_model(),
+            date=datetime.date.today().isoformat(),
+        )
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
