@@ -70,6 +70,13 @@ def test_over_seeds_pins_the_precision_and_keeps_its_own_programs():
     assert fn._cache_size() == before
 
 
+def test_a_program_over_seeds_compiles_ahead_of_time():
+    fn = J.agent_jit(toy_act, static_argnames=("deterministic",))
+    w, x, off = jnp.ones((2, 4, 2)), jnp.ones((2, 5, 4)), jnp.ones((2, 5, 2))
+    compiled = fn.over_seeds(Toy()).lower(w, x, off, deterministic=True).compile()
+    np.testing.assert_allclose(compiled(w, x, off)[0], fn.over_seeds(Toy())(w, x, off, deterministic=True)[0])
+
+
 def test_trees_stack_slice_and_unstack():
     states = [ToyState(jnp.full((2, 3), float(s)), jnp.asarray(s, jnp.int32)) for s in range(3)]
     stacked = S.stack_trees(states)

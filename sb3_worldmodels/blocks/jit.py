@@ -188,7 +188,9 @@ class AgentFunction:
 
 
 class _WithSeedValues:
-    """A program over seeds with its first argument (the per-seed values, or None) given."""
+    """A program over seeds with its first argument (the per-seed values, or None) given: calling,
+    ``lower`` and ``trace`` take the program's other arguments, and so does the ``compile()`` of what
+    ``lower`` returns."""
 
     def __init__(self, jitted: Any, values: Any) -> None:
         self.jitted = jitted
@@ -197,11 +199,26 @@ class _WithSeedValues:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.jitted(self.values, *args, **kwargs)
 
-    def lower(self, *args: Any, **kwargs: Any) -> Any:
-        return self.jitted.lower(self.values, *args, **kwargs)
+    def lower(self, *args: Any, **kwargs: Any) -> _LoweredWithSeedValues:
+        return _LoweredWithSeedValues(self.jitted.lower(self.values, *args, **kwargs), self.values)
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
         return self.jitted.trace(self.values, *args, **kwargs)
+
+
+class _LoweredWithSeedValues:
+    """``jax.stages.Lowered`` of a program over seeds (``as_text``, ``cost_analysis``, ... as
+    ``Lowered``), whose ``compile()`` is called without the per-seed values."""
+
+    def __init__(self, lowered: Any, values: Any) -> None:
+        self.lowered = lowered
+        self.values = values
+
+    def compile(self, *args: Any, **kwargs: Any) -> _WithSeedValues:
+        return _WithSeedValues(self.lowered.compile(*args, **kwargs), self.values)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.lowered, name)
 
 
 def agent_jit(fn: Callable[..., Any], static_argnames: Sequence[str] = ()) -> AgentFunction:

@@ -1,0 +1,197 @@
+"""Seeds in one program, the cores alone: milliseconds per call and per seed of the jitted functions
+over a leading seed axis (``AgentFunction.over_seeds``) at 1, 2, 4 and 8 seeds, beside the
+single-seed program.
+
+    python benchmarks/seeds_core_speed.py                       # both agents, 1 2 4 8 seeds
+    python benchmarks/seeds_core_speed.py --agent tdmpc2 --seeds 1 --seeds 16 --repeats 20
+
+DreamerV3: one "1m" update at 16 x 64 (CartPole shapes: obs 4, two discrete actions), the group's
+training call of ``blocks.seeds.masked_updates`` with every update active. TD-MPC2: one size-1
+agent step (Pendulum shapes: obs 3, action 1), a plan for one env per seed and one update.
+
+Each timing is a median over ``--repeats`` calls after compilation; the seed counts of an agent are
+timed round-robin in one process, so a busy neighbour on the CPU affects every row alike. Prints one
+JSON line per row with the CPU model and the date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+
+from sb3_worldmodels.blocks.seeds import masked_updates, stack_trees  # noqa: E402
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def timed_compile(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    compiled = fn.lower(*args, **kwargs).compile()
+    return compiled, time.perf_counter() - start
+
+
+def dreamerv3(seeds: int) -> tuple[Callable[[], Any], float]:
+    """One training call of ``seeds`` "1m" agents (16 x 64 each); seeds == 0: the single-seed
+    ``train_many_jit``. Returns (a call that runs it once, compile seconds)."""
+    from sb3_worldmodels.dreamerv3 import agent as core
+    from sb3_worldmodels.dreamerv3.config import preset
+
+    config = preset("1m", obs_dim=4, action_dim=2, discrete=True, batch_size=16, batch_length=64)
+    rng = np.random.default_rng(0)
+
+    def batches() -> dict:
+        shape = (1, config.batch_size, config.batch_length + 1)
+        is_first = rng.random(shape) < 0.02
+        is_last = np.zeros(shape, bool)
+        is_last[..., :-1] = is_first[..., 1:]
+        return {
+            "obs": rng.normal(size=(*shape, config.obs_dim)).astype(np.float32),
+            "action": np.eye(2, dtype=np.float32)[rng.integers(0, 2, shape)],
+            "reward": rng.normal(size=shape).astype(np.float32),
+            "is_first": is_first,
+            "is_last": is_last,
+            "is_terminal": is_last & (rng.random(shape) < 0.5),
+            "deter": rng.normal(size=(*shape, config.deter)).astype(np.float32),
+            "stoch": rng.integers(0, config.classes, (*shape, config.stoch)).astype(np.int32),
+        }
+
+    if seeds == 0:
+        state, batch = core.init_state(config, jax.random.PRNGKey(0)), jax.device_put(batches())
+        update, compile_s = timed_compile(core.train_many_jit.for_config(config), state, batch)
+        args: list = [state, batch]
+    else:
+        states = stack_trees([core.init_state(config, jax.random.PRNGKey(s)) for s in range(seeds)])
+        group = jax.device_put(stack_trees([batches() for _ in range(seeds)]))
+        active = jnp.ones((seeds, 1), bool)
+        program = masked_updates(core.train_step).over_seeds(config)
+        update, compile_s = timed_compile(program, states, group, active)
+        args = [states, group, active]
+
+    def call() -> Any:
+        out = jax.block_until_ready(update(*args))
+        args[0] = out[0]  # the next call trains the new state, as in a run
+        return out
+
+    call()
+    return call, compile_s
+
+
+def tdmpc2(seeds: int) -> tuple[Callable[[], Any], float]:
+    """One agent step of ``seeds`` size-1 agents (a plan for one env each, then one update); seeds ==
+    0: the single-seed ``act_jit`` and ``train_many_jit``."""
+    from sb3_worldmodels.tdmpc2 import agent as core
+    from sb3_worldmodels.tdmpc2.config import preset
+
+    config = preset(1, obs_dim=3, action_dim=1, discount=0.975)
+    rng = np.random.default_rng(0)
+    h, b = config.horizon, config.batch_size
+
+    def inputs(seed: int) -> tuple[Any, dict, tuple]:
+        state = core.init_state(config, jax.random.PRNGKey(seed))
+        batch = {
+            "obs": rng.normal(size=(1, h + 1, b, 3)).astype(np.float32),
+            "action": rng.uniform(-1, 1, (1, h, b, 1)).astype(np.float32),
+            "reward": rng.normal(size=(1, h, b)).astype(np.float32),
+        }
+        plan = (
+            rng.normal(size=(1, 3)).astype(np.float32),
+            np.zeros((1, h, 1), np.float32),
+            np.zeros(1, bool),
+            np.asarray(jax.random.PRNGKey(100 + seed)),
+        )
+        return state, batch, plan
+
+    if seeds == 0:
+        state, batch, plan_args = jax.device_put(inputs(0))
+        act, act_compile = timed_compile(core.act_jit.for_config(config), state.params, *plan_args)
+        train, train_compile = timed_compile(core.train_many_jit.for_config(config), state, batch)
+        active: tuple = ()
+    else:
+        state, batch, plan_args = jax.device_put(stack_trees([inputs(s) for s in range(seeds)]))
+        act, act_compile = timed_compile(core.act_jit.over_seeds(config), state.params, *plan_args)
+        active = (jnp.ones((seeds, 1), bool),)
+        program = masked_updates(core.train_step).over_seeds(config)
+        train, train_compile = timed_compile(program, state, batch, *active)
+    current = [state]
+
+    def call() -> Any:
+        jax.block_until_ready(act(current[0].params, *plan_args))
+        current[0] = jax.block_until_ready(train(current[0], batch, *active))[0]
+        return current[0]
+
+    call()
+    return call, act_compile + train_compile
+
+
+AGENTS = {
+    "dreamerv3": (dreamerv3, 'one "1m" update at 16x64 per seed'),
+    "tdmpc2": (tdmpc2, "one size-1 agent step per seed (plan for 1 env + update)"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--agent", choices=sorted(AGENTS), action="append", help="default: both")
+    parser.add_argument("--seeds", type=int, action="append", help="seed counts (default 1 2 4 8)")
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    common = {
+        "cpu": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "backend": jax.default_backend(),
+        "jax": jax.__version__,
+        "date": datetime.date.today().isoformat(),
+    }
+    for agent in args.agent or sorted(AGENTS):
+        build, what = AGENTS[agent]
+        counts = [0, *(args.seeds or [1, 2, 4, 8])]  # 0: the single-seed program
+        calls, compiles = {}, {}
+        for n in counts:
+            calls[n], compiles[n] = build(n)
+        times: dict[int, list[float]] = {n: [] for n in counts}
+        for _ in range(args.repeats):
+            for n in counts:
+                start = time.perf_counter()
+                calls[n]()
+                times[n].append(time.perf_counter() - start)
+        for n in counts:
+            ms = float(np.median(times[n]) * 1e3)
+            row = {
+                "agent": agent,
+                "call": what,
+                "program": "single seed" if n == 0 else "over seeds",
+                "seeds": max(n, 1),
+                "ms_per_call": round(ms, 1),
+                "ms_per_seed": round(ms / max(n, 1), 1),
+                "compile_s": round(compiles[n], 1),
+                "repeats": args.repeats,
+                **common,
+            }
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
