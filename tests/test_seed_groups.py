@@ -10,6 +10,7 @@ import pytest
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.logger import KVWriter, Logger
+from stable_baselines3.common.vec_env import VecEnvWrapper
 
 from sb3_worldmodels import TDMPC2, DreamerV3
 from sb3_worldmodels.common.seed_group import interquartile_mean
@@ -126,6 +127,24 @@ def test_bad_seed_lists_are_refused(seed, message):
 def test_group_needs_envs_per_seed():
     with pytest.raises(ValueError, match="not a multiple of 2"):
         TDMPC2(pendulum(3), seed=[0, 1], **TDMPC2_SMOKE)
+
+
+class Passthrough(VecEnvWrapper):
+    def reset(self):
+        return self.venv.reset()
+
+    def step_wait(self):
+        return self.venv.step_wait()
+
+
+def test_a_wrapped_vec_env_is_seeded_seed_major():
+    """The seeds reach the VecEnv whose reset reads them (rl_zoo3 wraps its envs, e.g. VecNormalize)."""
+    group = TDMPC2(Passthrough(pendulum(4)), seed=[3, 7], **TDMPC2_SMOKE)
+    assert group.env.unwrapped._seeds == [3, 4, 7, 8]
+    first = group.env.reset()
+    for i, seed in enumerate((3, 4, 7, 8)):
+        alone = gym.make("Pendulum-v1")
+        np.testing.assert_allclose(first[i], alone.reset(seed=seed)[0], rtol=1e-6)
 
 
 def test_interquartile_mean():

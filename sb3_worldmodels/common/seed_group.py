@@ -137,13 +137,14 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
 
     def set_random_seed(self, seed: Any = None) -> None:
         """SB3's seeding; for a group, Python's, numpy's and torch's generators take the first seed, and
-        each seed's envs are seeded as a single-seed model seeds them (seed + env index)."""
+        each seed's envs are seeded as a single-seed model seeds them (seed + env index); the seeds go to
+        the innermost VecEnv, the one whose ``reset`` reads them, under any VecEnvWrapper."""
         if self.seeds is None:
             super().set_random_seed(seed)
             return
         super().set_random_seed(self.seeds[0])
         if self.env is not None:
-            self.env._seeds = [s + j for s in self.seeds for j in range(self.envs_per_seed)]
+            self.env.unwrapped._seeds = [s + j for s in self.seeds for j in range(self.envs_per_seed)]
 
     def seed_model(self, index: int) -> Any:
         """An ordinary single-seed model of the ``index``-th seed (of the same class, without envs or
