@@ -151,3 +151,38 @@ def test_interquartile_mean():
     assert interquartile_mean([1.0, 2.0, 3.0]) == 2.0
     assert interquartile_mean([0.0, 1.0, 2.0, 100.0]) == 1.5
     assert interquartile_mean([-50.0, 1.0, 2.0, 3.0, 90.0]) == 2.0
+
+
+def test_settings_per_seed_equal_single_seed_runs_with_those_settings():
+    """A learning rate and a loss scale given one value per seed: each seed runs as a single-seed
+    model given its own values (one program for the group)."""
+    settings = {**TDMPC2_SMOKE, "seed_steps": 25}
+    rates, coefs = [1e-3, 3e-4], [20.0, 5.0]
+    group = TDMPC2(
+        pendulum(2 * len(SEEDS)), seed=SEEDS, learning_rate=rates, consistency_coef=coefs, **settings
+    )
+    group.learn(50)
+    for i, seed in enumerate(SEEDS):
+        single = TDMPC2(pendulum(2), seed=seed, learning_rate=rates[i], consistency_coef=coefs[i], **settings)
+        single.learn(50)
+        assert single._n_updates == group._lanes[i]._n_updates > 0
+        assert_trees_close(
+            group.seed_model(i).policy.state["agent"].params, single.policy.state["agent"].params
+        )
+    assert group.seed_model(1).consistency_coef == coefs[1]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"seed": 0, "consistency_coef": [1.0, 2.0]}, "needs a list of seeds"),
+        ({"seed": [0, 1], "consistency_coef": [1.0, 2.0, 3.0]}, "One value per seed"),
+        ({"seed": [0, 1], "learning_rate": [1e-3]}, "One value per seed"),
+        ({"seed": [0, 1], "dropout": [0.0, 0.01]}, "dropout cannot take one value per seed"),
+        ({"seed": [0, 1], "num_q": [2, 4]}, "num_q cannot take one value per seed"),
+    ],
+)
+def test_settings_per_seed_are_refused_where_they_cannot_be(kwargs, message):
+    settings = {**TDMPC2_SMOKE, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        TDMPC2(pendulum(2), **settings)

@@ -70,6 +70,9 @@ class AgentHooks(ABC):
     ``learning_rate``) are constructor arguments and attributes of the same names."""
     preset: Callable[..., Any]
     """``preset(model_size, **fields)``: the validated config of a model size with overrides."""
+    seed_settings: Callable[..., Any]
+    """``seed_settings(config, {field: S values})``: the config of a seed group's calls with float
+    fields given one value per seed (refusing, with the reason, what cannot vary per seed)."""
     space_fields: tuple[str, ...] = ("obs_dim", "action_dim")
     """Config fields set from the spaces, not by the user."""
     extra_hyperparameters: tuple[str, ...] = ()

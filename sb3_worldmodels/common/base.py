@@ -190,6 +190,7 @@ class WorldModelAlgorithm(
 
     # ------------------------------------------------------------------ set-up
     def _setup_model(self) -> None:
+        self._check_per_seed_values()
         self._setup_lr_schedule()
         self.set_random_seed(self.seed)
         self.obs_adapter = ObservationAdapter.from_space(
@@ -205,6 +206,7 @@ class WorldModelAlgorithm(
             self.seeds, self._lanes = None, None
             self.policy.state = self._build_state()
         else:
+            self._call_config = self._group_call_config()  # refuses what cannot vary per seed
             self._lanes = [self._make_lane(i) for i in range(self.n_seeds)]
             self.policy.state = self._build_group_state()
         self.policy.algorithm_predict = self.predict
@@ -229,6 +231,7 @@ class WorldModelAlgorithm(
         """The resolved static configuration, built from the attributes (so that load/zoo overrides
         apply) and the spaces; fields without a constructor argument keep their defaults."""
         fields = {name: getattr(self, name) for name in self.config_settings() if hasattr(self, name)}
+        fields.update({name: values[0] for name, values in self._per_seed_values().items()})
         return self.preset(self.model_size, **{**fields, **self._space_config()})
 
     def _space_config(self) -> dict[str, Any]:
@@ -258,6 +261,7 @@ class WorldModelAlgorithm(
             "_resumed",
             "_flat_obs",
             "_lanes",
+            "_call_config",
         ]
 
     @classmethod

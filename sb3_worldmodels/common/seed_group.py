@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.stats
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
-from stable_baselines3.common.utils import safe_mean
+from stable_baselines3.common.utils import FloatSchedule, safe_mean
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
 from sb3_worldmodels.blocks.seeds import masked_updates, stack_trees, tree_slice
@@ -89,6 +89,9 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
     seeds: tuple[int, ...] | None
     policy: Any
     _config: Any
+    _call_config: Any
+    seed_settings: Any
+    config_class: Any
     _wm_callbacks: list[WorldModelCallback]
     action_repeat: int
 
@@ -107,12 +110,60 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         excluded = {*self._excluded_save_params(), "seed", "seeds", "n_envs", "_lanes", "num_timesteps"}
         return {k: v for k, v in self.__dict__.items() if k not in excluded}
 
+    def _per_seed_values(self) -> dict[str, tuple]:
+        """The hyperparameters given one value per seed: {name: S values}. A list (or tuple) given
+        for a setting whose default is a single number (a config float, or ``learning_rate``) is one
+        value per seed; settings that are tuples by nature (e.g. ``cnn_mults``) are never read so."""
+        defaults = self.config_class()
+        found = {}
+        for name in (*self.config_settings(), "learning_rate"):  # type: ignore[attr-defined]
+            value = getattr(self, name, None)
+            default = getattr(defaults, name, None)
+            if isinstance(value, (list, tuple)) and not isinstance(default, (list, tuple)):
+                found[name] = tuple(value)
+        return found
+
+    def _setup_lr_schedule(self) -> None:
+        """SB3's schedule; a group given one rate per seed keeps the first (each lane has its own)."""
+        rates = self._per_seed_values().get("learning_rate")
+        if rates is None:
+            super()._setup_lr_schedule()
+            return
+        self.lr_schedule = FloatSchedule(rates[0])
+
+    def _check_per_seed_values(self) -> None:
+        """Refuse per-seed values without a seed list, or of another length than it."""
+        per_seed = self._per_seed_values()
+        if not per_seed:
+            return
+        if self.seeds is None:
+            names = ", ".join(sorted(per_seed))
+            raise ValueError(
+                f"{names} given as a list (one value per seed) needs a list of seeds: pass seed=[...] "
+                "with as many seeds, or a single value."
+            )
+        wrong = {name: len(v) for name, v in per_seed.items() if len(v) != len(self.seeds)}
+        if wrong:
+            raise ValueError(
+                f"One value per seed: {len(self.seeds)} seeds {list(self.seeds)}, but {wrong} values."
+            )
+
+    def _group_call_config(self) -> Any:
+        """The config of the group's calls: the static config, with the float settings given per seed
+        traced per seed (the agent's ``seed_settings``, which refuses what cannot vary per seed)."""
+        settings = {k: list(v) for k, v in self._per_seed_values().items() if k != "learning_rate"}
+        if not settings:
+            return self._config
+        return self.seed_settings(self._config, settings)
+
     def _make_lane(self, index: int) -> Any:
         """The single-seed model of the ``index``-th seed (no envs), set up as a loaded model is."""
         assert self.seeds is not None
         lane = type(self)(policy=type(self.policy), env=None, _init_setup_model=False)  # type: ignore[call-arg,arg-type]
         lane.__dict__.update(self._lane_attributes())
         lane.seed = self.seeds[index]
+        for name, values in self._per_seed_values().items():
+            setattr(lane, name, values[index])
         lane.seeds = None
         lane._lanes = None
         lane.n_envs = self.envs_per_seed
@@ -185,7 +236,7 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
             raise RuntimeError("The seeds of a group disagree on whether to act with the model.")
         first = calls[0]
         arguments = stack_trees([call.arguments for call in calls])
-        outputs = first.function.over_seeds(self._config)(
+        outputs = first.function.over_seeds(self._call_config)(
             first.reads(state["agent"]), *arguments, **first.static
         )
         return np.concatenate([call.finish(tree_slice(outputs, i)) for i, call in enumerate(calls)])
@@ -254,7 +305,7 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         rates = jnp.asarray([float(lane.lr_schedule(progress)) for lane in self._lanes], jnp.float32)
         state = self.policy.state
         agent_state = self.core.set_learning_rate(state["agent"], rates)  # (S,) rates: one per seed
-        train = _masked_training(self.core).over_seeds(self._config)
+        train = _masked_training(self.core).over_seeds(self._call_config)
         per_seed: list[list[dict]] = [[] for _ in self._lanes]
         done = 0
         for k in chunks:

@@ -18,7 +18,7 @@ from sb3_worldmodels.common.replay import SequenceReplay
 from sb3_worldmodels.common.sb3_keywords import refuse_foreign_keywords, take_sb3_alias
 from sb3_worldmodels.common.schedule import RatioSchedule
 from sb3_worldmodels.dreamerv3 import agent as core
-from sb3_worldmodels.dreamerv3.config import DreamerV3Config, preset
+from sb3_worldmodels.dreamerv3.config import DreamerV3Config, preset, seed_settings
 
 _D = DreamerV3Config()  # the constructor's defaults are the config's
 
@@ -92,6 +92,7 @@ class DreamerV3(WorldModelAlgorithm):
     core = core
     config_class = DreamerV3Config
     preset = staticmethod(preset)
+    seed_settings = staticmethod(seed_settings)
     space_fields = ("obs_dim", "action_dim", "discrete", "obs_keys", "image_shape", "image_keys")
     replay_class = SequenceReplay
     window_setting = "batch_length"

@@ -21,7 +21,7 @@ from sb3_worldmodels.common.sb3_keywords import refuse_foreign_keywords, take_sb
 from sb3_worldmodels.common.vec_env import vec_agent_steps_per_episode
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks
-from sb3_worldmodels.tdmpc2.config import TDMPC2Config, planner_iterations, preset
+from sb3_worldmodels.tdmpc2.config import TDMPC2Config, planner_iterations, preset, seed_settings
 from sb3_worldmodels.tdmpc2.upgrade import EarlierCheckpoints
 
 if TYPE_CHECKING:
@@ -103,6 +103,7 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
     core = core
     config_class = TDMPC2Config
     preset = staticmethod(preset)
+    seed_settings = staticmethod(seed_settings)
     extra_hyperparameters = ("seed_steps", "episode_length")
     replay_class = EpisodeReplay
     window_setting = "horizon"
