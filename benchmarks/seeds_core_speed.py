@@ -53,9 +53,9 @@ def timed_compile(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
     return compiled, time.perf_counter() - start
 
 
-def dreamerv3(seeds: int) -> tuple[Callable[[], Any], float]:
+def dreamerv3(seeds: int) -> tuple[Callable[[], dict[str, float]], float]:
     """One training call of ``seeds`` "1m" agents (16 x 64 each); seeds == 0: the single-seed
-    ``train_many_jit``. Returns (a call that runs it once, compile seconds)."""
+    ``train_many_jit``. Returns (a call that runs it once and returns its seconds, compile seconds)."""
     from sb3_worldmodels.dreamerv3 import agent as core
     from sb3_worldmodels.dreamerv3.config import preset
 
@@ -90,16 +90,16 @@ def dreamerv3(seeds: int) -> tuple[Callable[[], Any], float]:
         update, compile_s = timed_compile(program, states, group, active)
         args = [states, group, active]
 
-    def call() -> Any:
-        out = jax.block_until_ready(update(*args))
-        args[0] = out[0]  # the next call trains the new state, as in a run
-        return out
+    def call() -> dict[str, float]:
+        start = time.perf_counter()
+        args[0] = jax.block_until_ready(update(*args))[0]  # the next call trains the new state
+        return {"update": time.perf_counter() - start}
 
     call()
     return call, compile_s
 
 
-def tdmpc2(seeds: int) -> tuple[Callable[[], Any], float]:
+def tdmpc2(seeds: int) -> tuple[Callable[[], dict[str, float]], float]:
     """One agent step of ``seeds`` size-1 agents (a plan for one env each, then one update); seeds ==
     0: the single-seed ``act_jit`` and ``train_many_jit``."""
     from sb3_worldmodels.tdmpc2 import agent as core
@@ -137,10 +137,12 @@ def tdmpc2(seeds: int) -> tuple[Callable[[], Any], float]:
         train, train_compile = timed_compile(program, state, batch, *active)
     current = [state]
 
-    def call() -> Any:
+    def call() -> dict[str, float]:
+        start = time.perf_counter()
         jax.block_until_ready(act(current[0].params, *plan_args))
+        planned = time.perf_counter()
         current[0] = jax.block_until_ready(train(current[0], batch, *active))[0]
-        return current[0]
+        return {"plan": planned - start, "update": time.perf_counter() - planned}
 
     call()
     return call, act_compile + train_compile
@@ -171,14 +173,16 @@ def main() -> None:
         calls, compiles = {}, {}
         for n in counts:
             calls[n], compiles[n] = build(n)
-        times: dict[int, list[float]] = {n: [] for n in counts}
+        times: dict[int, list[dict[str, float]]] = {n: [] for n in counts}
         for _ in range(args.repeats):
             for n in counts:
-                start = time.perf_counter()
-                calls[n]()
-                times[n].append(time.perf_counter() - start)
+                times[n].append(calls[n]())
         for n in counts:
-            ms = float(np.median(times[n]) * 1e3)
+            ms = float(np.median([sum(parts.values()) for parts in times[n]]) * 1e3)
+            parts = {
+                f"{part}_ms": round(float(np.median([t[part] for t in times[n]]) * 1e3), 1)
+                for part in times[n][0]
+            }
             row = {
                 "agent": agent,
                 "call": what,
@@ -186,6 +190,7 @@ def main() -> None:
                 "seeds": max(n, 1),
                 "ms_per_call": round(ms, 1),
                 "ms_per_seed": round(ms / max(n, 1), 1),
+                **parts,
                 "compile_s": round(compiles[n], 1),
                 "repeats": args.repeats,
                 **common,

@@ -8,6 +8,8 @@
 - :mod:`~sb3_worldmodels.blocks.optim`: the agents' optimisers (LaProp with AGC and warmup; Adam with
   per-group learning rates) from one construction, the learning rate injected.
 - :mod:`~sb3_worldmodels.blocks.random`: cheap hashed Bernoulli masks for dropout.
+- :mod:`~sb3_worldmodels.blocks.seeds`: many seeds in one program (a leading seed axis; settings per
+  seed).
 """
 
 from sb3_worldmodels.blocks.distributions import (
