@@ -135,6 +135,9 @@ EXTENDED_TESTS = {
     "test_seed_groups.py::test_settings_per_seed_equal_single_seed_runs_with_those_settings": (
         "a group's and each seed's single-seed programs compiled and run side by side"
     ),
+    "test_seed_groups.py::test_dreamerv3_group_split_by_save_and_load_equals_the_whole_run": (
+        "a DreamerV3 group's update compiled and run three times over"
+    ),
     "test_envs.py::test_headless_rendering_is_chosen_without_a_display_and_a_missing_renderer_says_how": (
         "renderer subprocesses"
     ),

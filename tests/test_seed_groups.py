@@ -3,19 +3,28 @@ group does what a single-seed model with that seed does (to float tolerance)."""
 
 from __future__ import annotations
 
+import json
+import warnings
+import zipfile
+
 import gymnasium as gym
 import jax
 import numpy as np
 import pytest
+from gymnasium.wrappers import TimeLimit
+from stable_baselines3.common.callbacks import CheckpointCallback, EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.logger import KVWriter, Logger
+from stable_baselines3.common.save_util import save_to_pkl
 from stable_baselines3.common.vec_env import VecEnvWrapper
 
 from sb3_worldmodels import TDMPC2, DreamerV3
-from sb3_worldmodels.common.seed_group import interquartile_mean
+from sb3_worldmodels.common import replay as replay_module
+from sb3_worldmodels.common.seed_group import SEED_COUNTERS, interquartile_mean
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
+from tests.probe_envs import ChainEnv
 
 SEEDS = [3, 7]
 
@@ -186,3 +195,223 @@ def test_settings_per_seed_are_refused_where_they_cannot_be(kwargs, message):
     settings = {**TDMPC2_SMOKE, **kwargs}
     with pytest.raises(ValueError, match=message):
         TDMPC2(pendulum(2), **settings)
+
+
+# ------------------------------------------------------------------ files, predict and the SB3 surface
+GROUP_SEEDS = [0, 1]
+TDMPC2_CHAIN = {**TDMPC2_SMOKE, "seed_steps": 10}
+DREAMER_CHAIN = {**DREAMER_SMOKE, "n_envs": None}
+SPLIT = {TDMPC2: (TDMPC2_CHAIN, 30), DreamerV3: (DREAMER_CHAIN, 33)}  # steps that end at an episode's end
+
+
+def chain(n_envs: int = len(GROUP_SEEDS)):
+    """One env per seed of a two-seed group: deterministic episodes of 10 steps."""
+    return make_vec_env(lambda: TimeLimit(ChainEnv(), 10), n_envs=n_envs)
+
+
+def tdmpc2_group(**overrides):
+    return TDMPC2(chain(), seed=GROUP_SEEDS, **{**TDMPC2_CHAIN, **overrides})
+
+
+def lane_counters(model) -> list[tuple]:
+    return [
+        (
+            lane.num_timesteps,
+            lane._n_updates,
+            lane._owed_updates,
+            lane.at_episode_boundary,
+            getattr(lane, "_rows", None),
+            lane._schedule.prev if hasattr(lane, "_schedule") else None,
+            [info["r"] for info in lane.ep_info_buffer],
+        )
+        for lane in model._lanes
+    ]
+
+
+def split_run_equals_whole_run(cls, tmp_path) -> None:
+    settings, half = SPLIT[cls]
+    whole = cls(chain(), seed=GROUP_SEEDS, **settings)
+    whole.learn(2 * half)
+    first = cls(chain(), seed=GROUP_SEEDS, **settings)
+    first.learn(half)
+    first.save(tmp_path / "group.zip")
+    first.save_replay_buffer(tmp_path / "group_replay.pkl")
+
+    second = cls.load(tmp_path / "group.zip", env=chain())
+    assert second.seeds == tuple(GROUP_SEEDS) and len(second._lanes) == len(GROUP_SEEDS)
+    assert lane_counters(second) == lane_counters(first)
+    assert not hasattr(second, SEED_COUNTERS)
+    second.load_replay_buffer(tmp_path / "group_replay.pkl")
+    with warnings.catch_warnings():  # the replay and a boundary: nothing for the resume to warn about
+        warnings.filterwarnings("error", message="Continuing a loaded")
+        second.learn(half, reset_num_timesteps=False)
+
+    assert second.num_timesteps == whole.num_timesteps and lane_counters(second) == lane_counters(whole)
+    leaves = jax.tree_util.tree_leaves_with_path(whole.policy.state)
+    for (path, a), b in zip(leaves, jax.tree_util.tree_leaves(second.policy.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+
+
+def test_tdmpc2_group_split_by_save_and_load_equals_the_whole_run(tmp_path):
+    split_run_equals_whole_run(TDMPC2, tmp_path)
+
+
+def test_dreamerv3_group_split_by_save_and_load_equals_the_whole_run(tmp_path):
+    split_run_equals_whole_run(DreamerV3, tmp_path)
+
+
+def test_a_group_checkpoint_is_plain_data_and_its_counters_must_fit(tmp_path):
+    group = tdmpc2_group(learning_rate=[1e-3, 3e-4], consistency_coef=[20.0, 5.0])
+    group.save(tmp_path / "group.zip")
+    loaded = TDMPC2.load(tmp_path / "group.zip")
+    assert [(lane.learning_rate, lane.consistency_coef) for lane in loaded._lanes] == [
+        (1e-3, 20.0),
+        (3e-4, 5.0),
+    ]
+    with zipfile.ZipFile(tmp_path / "group.zip") as archive:
+        data = json.loads(archive.read("data"))
+    assert not [key for key, value in data.items() if isinstance(value, dict) and ":serialized:" in value]
+    assert len(data[SEED_COUNTERS]) == 2 and data["seeds"]["items"] == GROUP_SEEDS
+    with pytest.raises(ValueError, match="per-seed counters .* do not fit a group of 2 seeds"):
+        TDMPC2.load(tmp_path / "group.zip", custom_objects={SEED_COUNTERS: [{"num_timesteps": 3}]})
+    with pytest.raises(ValueError, match="needs n_envs envs per seed"):
+        TDMPC2.load(tmp_path / "group.zip", env=chain(3))
+    single = TDMPC2(chain(1), seed=0, **TDMPC2_CHAIN)
+    single.save(tmp_path / "single.zip")
+    with zipfile.ZipFile(tmp_path / "single.zip") as archive:
+        assert SEED_COUNTERS not in json.loads(archive.read("data"))
+    assert TDMPC2.load(tmp_path / "single.zip").seeds is None
+
+
+def test_group_replay_file_holds_every_seed_and_must_fit_the_group(tmp_path):
+    group = tdmpc2_group()
+    group.learn(12)
+    group.save_replay_buffer(tmp_path / "group.pkl")
+    with zipfile.ZipFile(tmp_path / "group.pkl") as archive:
+        names = archive.namelist()
+    assert {name.split("/")[0] for name in names} == {"__meta__.npy", "seed_0", "seed_1"}
+    assert not list(tmp_path.glob(".*tmp*"))  # written atomically: no temporary file left
+
+    loaded = tdmpc2_group()
+    loaded.load_replay_buffer(tmp_path / "group.pkl")
+    for i, (mine, theirs) in enumerate(zip(loaded._lanes, group._lanes, strict=True)):
+        assert mine.replay_buffer is loaded.replay_buffer[i]
+        mine_arrays, theirs_arrays = (
+            mine.replay_buffer.export_state()[0],
+            theirs.replay_buffer.export_state()[0],
+        )
+        assert mine_arrays.keys() == theirs_arrays.keys()
+        for key, value in mine_arrays.items():
+            np.testing.assert_array_equal(value, theirs_arrays[key], err_msg=key)
+
+    single = TDMPC2(chain(1), seed=0, **TDMPC2_CHAIN)
+    with pytest.raises(ValueError, match="replays of a seed group \\(2 seeds"):
+        single.load_replay_buffer(tmp_path / "group.pkl")
+    single.learn(12)
+    single.save_replay_buffer(tmp_path / "single.pkl")
+    save_to_pkl(tmp_path / "pickled.pkl", single.replay_buffer)
+    others = [
+        (tdmpc2_group(), tmp_path / "single.pkl", "holds one seed's replay"),
+        (tdmpc2_group(), tmp_path / "pickled.pkl", "pickled replay of one seed"),
+        (TDMPC2(chain(3), seed=[0, 1, 2], **TDMPC2_CHAIN), tmp_path / "group.pkl", "replays of 2 seeds"),
+        (tdmpc2_group(horizon=2), tmp_path / "group.pkl", "seed index 0: .*samples windows"),
+        (
+            TDMPC2(chain(4), seed=GROUP_SEEDS, **TDMPC2_CHAIN),
+            tmp_path / "group.pkl",
+            "seed index 0: .*n_envs",
+        ),
+    ]
+    for model, path, message in others:
+        with pytest.raises(ValueError, match=message):
+            model.load_replay_buffer(path)
+        assert model.replay_buffer is None and all(lane.replay_buffer is None for lane in model._lanes)
+
+
+def test_group_predict_acts_as_the_named_seeds_model():
+    group = tdmpc2_group()
+    group.learn(12)
+    obs = np.array([[0.3, 1.0], [0.7, 1.0]], np.float32)
+    plan = np.zeros((2, group._config.horizon, 1), np.float32)
+
+    def each_seed():
+        out = []
+        for i in range(len(GROUP_SEEDS)):
+            model = group.seed_model(i)
+            action, state = group.predict(obs, deterministic=True, seed_index=i)
+            expected, expected_state = model.predict(obs, deterministic=True)
+            np.testing.assert_array_equal(action, expected)
+            np.testing.assert_array_equal(state[0], expected_state[0])
+            rollout = group.predict_rollout(obs, np.ones((2, 3, 1), np.float32), seed_index=i)
+            np.testing.assert_array_equal(
+                rollout["reward"], model.predict_rollout(obs, np.ones((2, 3, 1)))["reward"]
+            )
+            planned = group.predict_plan_rollout(obs, plan, seed_index=i)
+            np.testing.assert_array_equal(planned["value"], model.predict_plan_rollout(obs, plan)["value"])
+            out.append(rollout["reward"])
+        return out
+
+    before = each_seed()
+    group.learn(12, reset_num_timesteps=False)  # the seeds' states change: predict follows them
+    after = each_seed()
+    assert not np.array_equal(before[0], after[0])
+    assert all(lane.policy.state is None for lane in group._lanes)
+
+    for call in (
+        lambda: group.predict(obs),
+        lambda: group.policy.predict(obs),
+        lambda: group.predict_rollout(obs, plan),
+    ):
+        with pytest.raises(ValueError, match=r"needs seed_index=i.*group.seed_model\(i\)"):
+            call()
+    with pytest.raises(IndexError, match="seed_index 2 outside"):
+        group.predict(obs, seed_index=2)
+    with pytest.raises(ValueError, match="evaluate_policy"):
+        evaluate_policy(group, chain(1), n_eval_episodes=1)
+    single = group.seed_model(0)
+    expected = single.predict(obs, deterministic=True)[0]
+    np.testing.assert_array_equal(single.predict(obs, deterministic=True, seed_index=0)[0], expected)
+    with pytest.raises(ValueError, match="for a seed group"):
+        single.predict(obs, seed_index=1)
+    with pytest.raises(ValueError, match=r"seed_model\(i\).policy.save"):
+        group.policy.save("unused.zip")
+
+
+def test_replay_memory_counts_every_seed(monkeypatch):
+    group = tdmpc2_group(buffer_size=1_000_000)
+    assert group.replay_bytes_per_seed == 0
+    replay, rows = group._lanes[0]._replay_for_run(20_000, True)
+    one_seed = replay.bytes_to_reserve(rows)
+    monkeypatch.setattr(replay_module, "available_memory", lambda: int(one_seed * 1.5))
+    with pytest.raises(MemoryError, match="GiB for the replay .*does not fit"):
+        group.learn(20_000)  # the two seeds' replays need twice what one does
+    assert group.replay_buffer is None and group.num_timesteps == 0 and group._last_obs is None
+    monkeypatch.undo()
+    group.learn(12)
+    held = [lane.replay_buffer.nbytes for lane in group._lanes]
+    assert group.replay_bytes_per_seed == sum(held) // 2 > 0
+
+
+def test_group_env_learn_twice_progress_bar_and_checkpoints(tmp_path):
+    group = tdmpc2_group()
+    assert group.get_env().num_envs == 2
+    with pytest.raises(ValueError, match="needs a VecEnv of 2 envs, seed-major"):
+        group.set_env(chain(3))
+    group.set_env(chain())
+    saves = CheckpointCallback(save_freq=6, save_path=str(tmp_path), save_replay_buffer=True)
+    group.learn(12, callback=saves, progress_bar=True)
+    counted = [lane.num_timesteps for lane in group._lanes]
+    group.learn(6, reset_num_timesteps=False)
+    assert [lane.num_timesteps for lane in group._lanes] == [n + 6 for n in counted]
+    assert group.num_timesteps == 18
+
+    loaded = TDMPC2.load(tmp_path / "rl_model_12_steps.zip", env=chain())
+    loaded.load_replay_buffer(tmp_path / "rl_model_replay_buffer_12_steps.pkl")
+    assert loaded.seeds == (0, 1) and [lane.num_timesteps for lane in loaded._lanes] == counted
+
+
+def test_eval_callback_on_a_group_is_refused_before_anything_changes():
+    group = tdmpc2_group()
+    for callback in (EvalCallback(chain(1)), [CheckpointCallback(10, "unused"), EvalCallback(chain(1))]):
+        with pytest.raises(ValueError, match=r"EvalCallback evaluates model.predict.*seed_model\(i\)"):
+            group.learn(10, callback=callback)
+    assert group.num_timesteps == 0 and group.replay_buffer is None and group._last_obs is None

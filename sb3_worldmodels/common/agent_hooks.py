@@ -87,6 +87,9 @@ class AgentHooks(ABC):
     """Metric prefixes that are NaN by design (not refused as a non-finite update)."""
     net_arch_fields: NetArchFields
     """Where the config takes SB3's ``policy_kwargs=dict(net_arch=...)``."""
+    schedule_attributes: tuple[str, ...] = ()
+    """The attributes of the agent's own training schedule besides ``num_timesteps``, ``_n_updates``
+    and ``_owed_updates``: a seed group saves them per seed (a single-seed model saves every attribute)."""
 
     # ------------------------------------------------------------------ the shell's attributes
     obs_adapter: ObservationAdapter

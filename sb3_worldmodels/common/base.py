@@ -207,7 +207,7 @@ class WorldModelAlgorithm(
             self.policy.state = self._build_state()
         else:
             self._call_config = self._group_call_config()  # refuses what cannot vary per seed
-            self._lanes = [self._make_lane(i) for i in range(self.n_seeds)]
+            self._lanes = self._make_lanes()
             self.policy.state = self._build_group_state()
         self.policy.algorithm_predict = self.predict
         self.policy.policy_file_contents = self._policy_file_contents
@@ -221,6 +221,7 @@ class WorldModelAlgorithm(
         self._eval_callbacks = []
         self._resumed = False
         self._flat_obs = None
+        self._predict_view = None
         if not hasattr(self, "_owed_updates"):
             self._owed_updates = 0  # a loaded model keeps the updates it owed
         if not hasattr(self, "at_episode_boundary"):
@@ -262,6 +263,7 @@ class WorldModelAlgorithm(
             "_flat_obs",
             "_lanes",
             "_call_config",
+            "_predict_view",
         ]
 
     @classmethod
@@ -304,6 +306,7 @@ class WorldModelAlgorithm(
     ):
         # The replay is sized and its memory checked before SB3's set-up, so that a refused learn()
         # changes nothing.
+        self._refuse_group_evaluation(callback)
         if self._lanes is None:
             replay, reservation = self._replay_for_run(total_timesteps, reset_num_timesteps)
         else:

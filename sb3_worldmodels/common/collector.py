@@ -225,7 +225,7 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
             raise ValueError(
                 "There is no replay buffer to save yet: it is created by the first learn() call."
             )
-        arrays, meta = self.replay_buffer.export_state()
+        arrays, meta = self._replay_file_contents()
         if not isinstance(path, (str, os.PathLike)):
             safe_io.save_npz(path, arrays, meta)
             return
@@ -245,12 +245,23 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
         what = safe_io.describe(path, "the replay file")
         if safe_io.is_zip_file(path):
             arrays, meta = safe_io.load_npz(path, what)
-            buffer = replay_from_state(arrays, meta, what)
-        elif not trust_pickled_code:
+            self._load_replay_file(arrays, meta, what)
+            return
+        if not trust_pickled_code:
             raise safe_io.UnsafeFileError(f"{what} is a pickled replay buffer. {safe_io.TRUST_HINT}")
-        else:
-            buffer = load_from_pkl(path, self.verbose)
+        buffer = load_from_pkl(path, self.verbose)
         if not isinstance(buffer, ReplayBuffer):
             raise ValueError(f"{what} does not hold a replay buffer (found {type(buffer).__name__}).")
+        self._check_replay_buffer(buffer)
+        self.replay_buffer = buffer
+
+    def _replay_file_contents(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """``(arrays, meta)`` of the replay for :meth:`save_replay_buffer`'s ``.npz``."""
+        return self.replay_buffer.export_state()
+
+    def _load_replay_file(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], what: str) -> None:
+        """Take the replay of a replay file's ``arrays`` and ``meta``, once it is checked against the
+        model (a refused file changes nothing)."""
+        buffer = replay_from_state(arrays, meta, what)
         self._check_replay_buffer(buffer)
         self.replay_buffer = buffer

@@ -43,10 +43,22 @@ class JaxPolicy(BasePolicy):
         **kwargs: Any,
     ) -> None:
         super().__init__(observation_space, action_space)
-        self.state: Any = None
+        self.state_version = 0
+        self.state = None
         self.training = False
         self.algorithm_predict: Callable[..., Any] | None = None  # set by the algorithm
         self.policy_file_contents: Callable[[], tuple[str, dict, dict]] | None = None  # likewise
+
+    @property
+    def state(self) -> Any:
+        """The agent's state pytree; every assignment counts in :attr:`state_version` (the leaves are
+        immutable JAX arrays: a new state is a new pytree, assigned)."""
+        return self._state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._state = value
+        self.state_version += 1
 
     def predict(self, observation, state=None, episode_start=None, deterministic: bool = False):
         """The algorithm's ``predict`` (same arguments and returns)."""

@@ -13,10 +13,16 @@ The envs: ``n_envs`` per seed, seed-major (env ``j`` of the ``i``-th seed is env
 the VecEnv, seeded ``seed_i + j`` as a single-seed model seeds its envs). ``num_timesteps`` is the
 least over the seeds (DreamerV3's rows differ between seeds whose episodes end at different steps):
 ``learn(n)`` gives every seed at least ``n``.
+
+Files: ``save`` stores the stacked state and each lane's counters and schedule (``_seed_counters``, a
+list of plain values per seed), ``load`` gives the group back; ``save_replay_buffer`` writes every
+seed's replay in one ``.npz``. ``predict`` acts for one seed, named by ``seed_index``: as
+``seed_model(seed_index)`` would, with the lane holding that seed's slice of the state for the call.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections import deque
 from collections.abc import Sequence
@@ -26,18 +32,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.stats
+from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.utils import FloatSchedule, safe_mean
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
 from sb3_worldmodels.blocks.seeds import masked_updates, stack_trees, tree_slice
+from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.agent_hooks import AgentHooks
 from sb3_worldmodels.common.boundary import AgentObservation, map_observation
-from sb3_worldmodels.common.callbacks import WorldModelCallback, record_extra_metrics
+from sb3_worldmodels.common.callbacks import WorldModelCallback, record_extra_metrics, walk_callbacks
+from sb3_worldmodels.common.replay_state import group_replay_state, group_replays_from_state
 from sb3_worldmodels.common.training import aggregate_metric
 
 _MASKED_TRAINING: dict[Any, Any] = {}
 """A core's ``train_step`` run k times with a per-update mask (one per core module)."""
+SEED_COUNTERS = "_seed_counters"
+"""The checkpoint attribute of a group: one dict per seed of :data:`LANE_COUNTERS` (and the agent's
+``schedule_attributes``), restored into the lanes by ``load``."""
+LANE_COUNTERS = (
+    "num_timesteps",
+    "_n_updates",
+    "_owed_updates",
+    "at_episode_boundary",
+    "ep_info_buffer",
+    "ep_success_buffer",
+)
+"""What each lane counts for its seed, besides the agent's own schedule."""
 
 
 def seed_list(seed: Any) -> tuple[int, ...] | None:
@@ -94,6 +115,7 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
     config_class: Any
     _wm_callbacks: list[WorldModelCallback]
     action_repeat: int
+    _predict_view: tuple[int, int, Any] | None  # (state version, seed index, that seed's state)
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -156,8 +178,9 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
             return self._config
         return self.seed_settings(self._config, settings)
 
-    def _make_lane(self, index: int) -> Any:
-        """The single-seed model of the ``index``-th seed (no envs), set up as a loaded model is."""
+    def _make_lane(self, index: int, counters: dict[str, Any] | None = None) -> Any:
+        """The single-seed model of the ``index``-th seed (no envs), set up as a loaded model is, with
+        ``counters`` (:meth:`_lane_counters`) when it continues a seed's run."""
         assert self.seeds is not None
         lane = type(self)(policy=type(self.policy), env=None, _init_setup_model=False)  # type: ignore[call-arg,arg-type]
         lane.__dict__.update(self._lane_attributes())
@@ -168,8 +191,35 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         lane._lanes = None
         lane.n_envs = self.envs_per_seed
         lane.num_timesteps = 0
+        lane.__dict__.update(counters or {})
         lane._setup_model()
         return lane
+
+    def _counter_names(self) -> tuple[str, ...]:
+        return (*LANE_COUNTERS, *self.schedule_attributes)
+
+    def _lane_counters(self, lane: Any) -> dict[str, Any]:
+        """A copy of what ``lane`` counts for its seed (steps, updates, schedule, episode statistics)."""
+        return {name: copy.deepcopy(getattr(lane, name)) for name in self._counter_names()}
+
+    def _make_lanes(self) -> list[Any]:
+        """The lanes of a group being set up: fresh, or continuing the counters a checkpoint saved
+        per seed (``_seed_counters``, taken off the group)."""
+        self._check_group_env()
+        saved = self.__dict__.pop(SEED_COUNTERS, None)
+        if saved is not None:
+            names = set(self._counter_names())
+            if not (
+                isinstance(saved, list)
+                and len(saved) == self.n_seeds
+                and all(isinstance(c, dict) and set(c) == names for c in saved)
+            ):
+                raise ValueError(
+                    f"The checkpoint's per-seed counters ({SEED_COUNTERS}) do not fit a group of "
+                    f"{self.n_seeds} seeds of {type(self).__name__} (one dict of {sorted(names)} per seed): "
+                    "the file was not written by this group's save()."
+                )
+        return [self._make_lane(i, None if saved is None else saved[i]) for i in range(self.n_seeds)]
 
     def _check_group_env(self) -> None:
         if self.seeds is not None and self.n_envs % len(self.seeds):
@@ -205,12 +255,153 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         if not 0 <= index < len(self.seeds):
             raise IndexError(f"seed index {index} outside [0, {len(self.seeds)}) (seeds {list(self.seeds)}).")
         assert self._lanes is not None
-        lane = self._lanes[index]
-        model = self._make_lane(index)
+        model = self._make_lane(index, self._lane_counters(self._lanes[index]))
         model.policy.state = tree_slice(self.policy.state, index)
-        model.num_timesteps = lane.num_timesteps
-        model._n_updates = lane._n_updates
         return model
+
+    # ------------------------------------------------------------------ predict
+    def _seed_index(self, seed_index: Any, call: str) -> int | None:
+        """The checked ``seed_index`` of a ``call`` (``predict``, ...); None for a single-seed model
+        called without one (or with 0: a single-seed model is a group of one)."""
+        if self.seeds is None:
+            if seed_index is None or (isinstance(seed_index, (int, np.integer)) and seed_index == 0):
+                return None
+            raise ValueError(f"seed_index={seed_index!r} is for a seed group; this model has one seed.")
+        if seed_index is None:
+            raise ValueError(
+                f"{type(self).__name__}.{call} of a seed group (seeds {list(self.seeds)}) needs "
+                f"seed_index=i, the index of the seed that acts (0 to {len(self.seeds) - 1}), or one seed's "
+                "model: group.seed_model(i), e.g. for evaluate_policy or EvalCallback."
+            )
+        if isinstance(seed_index, bool) or not isinstance(seed_index, (int, np.integer)):
+            raise TypeError(f"seed_index must be an int, got {seed_index!r}.")
+        if not 0 <= seed_index < len(self.seeds):
+            raise IndexError(
+                f"seed_index {seed_index} outside [0, {len(self.seeds)}) (seeds {list(self.seeds)})."
+            )
+        return int(seed_index)
+
+    def _seed_call(self, seed_index: Any, call: str, *args: Any) -> Any:
+        """``call`` (``predict``, ``predict_rollout``, ...) of one seed: its lane's, on that seed's
+        slice of the state (the lane keeps its own ``predict`` stream counter, as ``seed_model``'s
+        model would from then on). The slice is kept until the state changes (training, loading)."""
+        index = self._seed_index(seed_index, call)
+        if index is None:
+            return getattr(self, call)(*args)
+        assert self._lanes is not None
+        version = self.policy.state_version
+        view = self._predict_view
+        if view is None or view[:2] != (version, index):
+            self._predict_view = None  # the previous slice goes before the next is made
+            view = (version, index, tree_slice(self.policy.state, index))
+            self._predict_view = view
+        lane = self._lanes[index]
+        lane.policy.state = view[2]
+        try:
+            return getattr(lane, call)(*args)
+        finally:
+            lane.policy.state = None
+
+    def predict_rollout(
+        self,
+        observation: Any,
+        actions: Any,
+        state: Any = None,
+        episode_start: Any = None,
+        seed_index: Any = None,
+    ) -> dict[str, np.ndarray]:
+        """A seed group's ``predict_rollout`` for the seed of index ``seed_index`` (the agent's
+        ``predict_rollout`` says what it predicts)."""
+        if self._seed_index(seed_index, "predict_rollout") is None:
+            return super().predict_rollout(observation, actions, state, episode_start)  # type: ignore[misc]
+        return self._seed_call(seed_index, "predict_rollout", observation, actions, state, episode_start)
+
+    # ------------------------------------------------------------------ files and envs
+    def _checkpoint_attributes(self, exclude: Any, include: Any) -> dict[str, Any]:
+        attributes = super()._checkpoint_attributes(exclude, include)  # type: ignore[misc]
+        if self._lanes is not None:
+            attributes[SEED_COUNTERS] = [self._lane_counters(lane) for lane in self._lanes]
+        return attributes
+
+    def _policy_file_contents(self) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        if self.seeds is not None:
+            raise ValueError(
+                "A seed group's policy holds every seed's parameters: save one seed's policy with "
+                "group.seed_model(i).policy.save(path), or the whole group with group.save(path)."
+            )
+        return super()._policy_file_contents()  # type: ignore[misc]
+
+    def _replay_file_contents(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        if self._lanes is None:
+            return super()._replay_file_contents()  # type: ignore[misc]
+        assert self.seeds is not None
+        return group_replay_state([lane.replay_buffer for lane in self._lanes], self.seeds)
+
+    def load_replay_buffer(
+        self, path: Any, truncate_last_traj: bool = True, trust_pickled_code: bool = False
+    ) -> None:
+        """SB3's ``load_replay_buffer``; a group's file holds every seed's replay (its own
+        ``save_replay_buffer``'s ``.npz``), checked against each seed's settings before any is taken."""
+        if self._lanes is not None and not safe_io.is_zip_file(path):
+            raise ValueError(
+                f"{safe_io.describe(path, 'the replay file')} is a pickled replay of one seed; a seed group "
+                "loads the .npz file its own save_replay_buffer wrote."
+            )
+        super().load_replay_buffer(path, truncate_last_traj, trust_pickled_code)  # type: ignore[call-arg]
+
+    def _load_replay_file(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], what: str) -> None:
+        if self._lanes is None:
+            super()._load_replay_file(arrays, meta, what)  # type: ignore[misc]
+            return
+        buffers = group_replays_from_state(arrays, meta, what)
+        if len(buffers) != len(self._lanes):
+            raise ValueError(
+                f"{what} holds the replays of {len(buffers)} seeds (seeds {meta.get('seeds')}); this group "
+                f"has {len(self._lanes)} (seeds {self.seeds})."
+            )
+        for index, (lane, buffer) in enumerate(zip(self._lanes, buffers, strict=True)):
+            try:
+                lane._check_replay_buffer(buffer)
+            except ValueError as error:
+                raise ValueError(f"{what}, seed index {index}: {error}") from None
+        for lane, buffer in zip(self._lanes, buffers, strict=True):
+            lane.replay_buffer = buffer
+        self.replay_buffer = SeedReplays(buffers)
+
+    @property
+    def replay_bytes_per_seed(self) -> int:
+        """Bytes held by the allocated replay of one seed (a group's mean over its seeds; 0 before
+        the replay is allocated)."""
+        if self.replay_buffer is None:
+            return 0
+        return int(self.replay_buffer.nbytes) // self.n_seeds
+
+    def set_env(self, env: Any, force_reset: bool = True) -> None:
+        """SB3's ``set_env``; a group's VecEnv has ``n_envs`` envs per seed, seed-major (env ``j`` of the
+        ``i``-th seed is env ``i * n_envs + j``), as many as the group's."""
+        if self.seeds is not None:
+            vec = env if isinstance(env, VecEnv) else self._wrap_env(env, self.verbose)
+            if vec.num_envs != self.n_envs:
+                raise ValueError(
+                    f"A group of {self.n_seeds} seeds with {self.envs_per_seed} envs each needs a VecEnv of "
+                    f"{self.n_envs} envs, seed-major (env j of the i-th seed is env i * {self.envs_per_seed} "
+                    f"+ j); got {vec.num_envs}."
+                )
+        super().set_env(env, force_reset)
+
+    def _refuse_group_evaluation(self, callback: Any) -> None:
+        """Refuse SB3's EvalCallback for a group before ``learn`` changes anything: it evaluates
+        ``model.predict``, which acts for one seed named by ``seed_index``."""
+        if self.seeds is None:
+            return
+        given = callback if isinstance(callback, list) else [callback]
+        if any(isinstance(c, EvalCallback) for root in given for c in walk_callbacks(root)):
+            raise ValueError(
+                f"EvalCallback evaluates model.predict, and a seed group (seeds {list(self.seeds)}) acts "
+                "for one seed at a time (predict(..., seed_index=i)). Evaluate each seed's model instead, "
+                "evaluate_policy(group.seed_model(i), env), e.g. from a CheckpointCallback's saves; the "
+                "training returns of each seed are logged as seed_<seed>/rollout/ep_rew_mean."
+            )
 
     # ------------------------------------------------------------------ collection
     def _seed_rows(self, index: int) -> slice:
@@ -257,6 +448,7 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         for i, lane in enumerate(self._lanes):
             rows = self._seed_rows(i)
             lane._update_info_buffer(infos[rows], dones[rows])
+            lane.at_episode_boundary = bool(np.all(dones[rows]))
             lane._collect_observe(
                 map_observation(lambda x, r=rows: x[r], obs), rewards[rows], dones[rows], infos[rows]
             )
@@ -365,7 +557,7 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/learning_rate", learning_rate)
         self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)
-        self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)  # type: ignore[attr-defined]
+        self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)
 
     def dump_logs(self) -> None:
         """SB3's logs; for a group, each seed's episode statistics as ``seed_<seed>/rollout/...`` and

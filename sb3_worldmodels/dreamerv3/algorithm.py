@@ -98,6 +98,7 @@ class DreamerV3(WorldModelAlgorithm):
     window_setting = "batch_length"
     stateless_predict_consequence = "is recurrent and forgets everything between such calls"
     nan_allowed_metrics = ("constats/", "rewstats/")  # NaN when a batch has no rare row (reference too)
+    schedule_attributes = ("_schedule", "_rows")  # the train ratio's position and the rows it counted
     net_arch_fields = NetArchFields(
         width="units",
         width_sizes="every MLP (encoder, decoder, reward and continue heads, actor and critic)",
@@ -373,12 +374,16 @@ class DreamerV3(WorldModelAlgorithm):
         state: tuple[np.ndarray, ...] | None = None,
         episode_start: np.ndarray | None = None,
         deterministic: bool = False,
+        seed_index: int | None = None,
     ):
         """RecurrentPPO's protocol: ``state`` = (deter (n, D), stoch (n, S, C), previous action (n, A)),
         env axis first; rows where ``episode_start`` is true (or all, when ``state`` is None) restart.
         Uses its own RNG stream: training and collection are never touched. Calling it again without
         the returned state restarts the agent's memory every step: that warns once per model.
+        A seed group acts for the seed of index ``seed_index`` (required), as ``seed_model(seed_index)``.
         """
+        if seed_index is not None or self.seeds is not None:
+            return self._seed_call(seed_index, "predict", observation, state, episode_start, deterministic)
         obs, vectorized, carry, starts = self._predict_inputs(
             observation, state, episode_start, deterministic
         )
@@ -421,7 +426,12 @@ class DreamerV3(WorldModelAlgorithm):
         }
 
     def predict_rollout(
-        self, observation: Any, actions: Any, state: Any = None, episode_start: Any = None
+        self,
+        observation: Any,
+        actions: Any,
+        state: Any = None,
+        episode_start: Any = None,
+        seed_index: int | None = None,
     ) -> dict[str, np.ndarray]:
         """What the world model expects if ``actions`` are taken next, open loop (no sampling), from
         the belief ``predict(observation, state, episode_start, deterministic=True)`` forms (the
@@ -433,13 +443,14 @@ class DreamerV3(WorldModelAlgorithm):
             returns for ``observation``.
         :param state: what ``predict`` returned at the previous step (None at an episode's start).
         :param episode_start: as for ``predict``.
+        :param seed_index: for a seed group, the index of the seed whose model predicts (required).
         :return: "observation" (n, T, O) predicted (flattened) vector observations (without it for an
             image alone), "image" (n, T, H, W, C) predicted images in [0, 1] (with an image), "reward"
             (n, T) the reward of each step, "continue" (n, T) the probability that the episode goes on,
             "value" (n,) the critic's estimate at the last state, "deter" (n, T, D) the model's states;
             without the n axis for one observation.
         """
-        return super().predict_rollout(observation, actions, state, episode_start)
+        return super().predict_rollout(observation, actions, state, episode_start, seed_index)
 
     def _open_loop(
         self, obs: AgentObservation, actions: np.ndarray, carried: list[np.ndarray], starts: np.ndarray

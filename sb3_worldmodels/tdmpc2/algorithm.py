@@ -473,6 +473,7 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
         state: tuple[np.ndarray, ...] | None = None,
         episode_start: np.ndarray | None = None,
         deterministic: bool = False,
+        seed_index: int | None = None,
     ):
         """RecurrentPPO's protocol with ``state`` = (plan mean (n, H, A),): each env's previous plan,
         the warm start of the next; rows where ``episode_start`` is true (or all, when ``state`` is
@@ -482,7 +483,10 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
         whatever was predicted before and after save/load. ``deterministic=False`` samples from the
         model's own predict stream (training and collection are never touched). Images are shifted
         by the augmentation in both modes, as the reference's every encode (tdmpc2.py:112-117,153
-        @eece801), with offsets drawn from the same key."""
+        @eece801), with offsets drawn from the same key. A seed group acts for the seed of index
+        ``seed_index`` (required), as ``seed_model(seed_index)``."""
+        if seed_index is not None or self.seeds is not None:
+            return self._seed_call(seed_index, "predict", observation, state, episode_start, deterministic)
         inputs, vectorized, (prev,), first = self._predict_inputs(
             observation, state, episode_start, deterministic
         )
@@ -503,7 +507,12 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
         return self._env_actions(np.asarray(action)[:n], vectorized), (np.asarray(mean)[:n],)
 
     def predict_rollout(
-        self, observation: Any, actions: Any, state: Any = None, episode_start: Any = None
+        self,
+        observation: Any,
+        actions: Any,
+        state: Any = None,
+        episode_start: Any = None,
+        seed_index: int | None = None,
     ) -> dict[str, np.ndarray]:
         """What the world model expects if ``actions`` are taken from ``observation``, open loop.
 
@@ -513,14 +522,20 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
         :param state: accepted as for ``predict`` (and ``episode_start``) and not used: the model is
             Markov, its latent is the observation's encoding (an image's without the shift
             augmentation: nothing is sampled here).
+        :param seed_index: for a seed group, the index of the seed whose model predicts (required).
         :return: "reward" (n, T) predicted rewards, "value" (n,) the Q estimate after the last action,
             "latent" (n, T + 1, L), and "continue" (n, T) when ``episodic``; without the n axis for
             one observation.
         """
-        return super().predict_rollout(observation, actions, state, episode_start)
+        return super().predict_rollout(observation, actions, state, episode_start, seed_index)
 
-    def predict_plan_rollout(self, observation: Any, plan: Any) -> dict[str, np.ndarray]:
-        """:meth:`predict_rollout` along a plan in agent units, e.g. ``predict``'s state[0] (n, H, A)."""
+    def predict_plan_rollout(
+        self, observation: Any, plan: Any, seed_index: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """:meth:`predict_rollout` along a plan in agent units, e.g. ``predict``'s state[0] (n, H, A);
+        a seed group's seed named by ``seed_index``."""
+        if seed_index is not None or self.seeds is not None:
+            return self._seed_call(seed_index, "predict_plan_rollout", observation, plan)
         return self._predict_rollout(observation, plan, None, None, agent_units=True)
 
     def _predict_state_shapes(self, n: int) -> dict[str, tuple[int, ...]]:
