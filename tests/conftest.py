@@ -132,10 +132,18 @@ EXTENDED_TESTS = {
     "test_seed_groups.py::test_tdmpc2_group_seed_equals_single_seed_run": (
         "a group's and each seed's single-seed programs compiled and run side by side"
     ),
-    "test_seed_groups.py::test_tdmpc2_group_split_by_save_and_load_equals_the_whole_run": "a seed group's programs compiled and run through learn",
-    "test_seed_groups.py::test_group_replay_file_holds_every_seed_and_must_fit_the_group": "a seed group's programs compiled and run through learn",
-    "test_seed_groups.py::test_group_predict_acts_as_the_named_seeds_model": "a seed group's programs compiled and run through learn",
-    "test_seed_groups.py::test_group_env_learn_twice_progress_bar_and_checkpoints": "a seed group's programs compiled and run through learn",
+    "test_seed_groups.py::test_tdmpc2_group_split_by_save_and_load_equals_the_whole_run": (
+        "a seed group's programs compiled and run through learn"
+    ),
+    "test_seed_groups.py::test_group_replay_file_holds_every_seed_and_must_fit_the_group": (
+        "a seed group's programs compiled and run through learn"
+    ),
+    "test_seed_groups.py::test_group_predict_acts_as_the_named_seeds_model": (
+        "a seed group's programs compiled and run through learn"
+    ),
+    "test_seed_groups.py::test_group_env_learn_twice_progress_bar_and_checkpoints": (
+        "a seed group's programs compiled and run through learn"
+    ),
     "test_seed_groups.py::test_settings_per_seed_equal_single_seed_runs_with_those_settings": (
         "a group's and each seed's single-seed programs compiled and run side by side"
     ),
