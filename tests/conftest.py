@@ -150,6 +150,15 @@ EXTENDED_TESTS = {
     "test_seed_groups.py::test_dreamerv3_group_split_by_save_and_load_equals_the_whole_run": (
         "a DreamerV3 group's update compiled and run three times over"
     ),
+    "test_devices.py::test_a_tdmpc2_group_sharded_over_4_devices_equals_it_on_one": (
+        "a group compiled and run in two fresh processes, on 4 devices and on 1"
+    ),
+    "test_devices.py::test_a_dreamerv3_group_of_2_seeds_on_a_host_of_4_devices_equals_it_on_one": (
+        "a group compiled and run in two fresh processes, on 4 devices and on 1"
+    ),
+    "test_devices.py::test_data_parallel_updates_equal_the_one_device_updates": (
+        "a model compiled and run in two fresh processes, on 4 devices and on 1"
+    ),
     "test_envs.py::test_headless_rendering_is_chosen_without_a_display_and_a_missing_renderer_says_how": (
         "renderer subprocesses"
     ),

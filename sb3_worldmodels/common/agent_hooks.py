@@ -81,6 +81,9 @@ class AgentHooks(ABC):
     """The replay's class, built by the shell with :meth:`_replay_fields` and :meth:`_replay_options`."""
     window_setting: str
     """The hyperparameter whose value + 1 is the replay's window length (its sampled rows)."""
+    training_batch_axis: int
+    """The batch axis of the arrays of :meth:`_training_batch` (after the leading k), along which
+    ``data_parallel=True`` splits them over the devices."""
     stateless_predict_consequence = "forgets its state between such calls"
     """What the stateless-``predict`` warning says the agent loses."""
     nan_allowed_metrics: tuple[str, ...] = ()

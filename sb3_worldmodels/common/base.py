@@ -28,6 +28,7 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.utils import check_for_correct_spaces
 from stable_baselines3.common.vec_env import VecEnv
 
+from sb3_worldmodels.blocks.devices import data_parallel_placement
 from sb3_worldmodels.common.boundary import (
     ActionAdapter,
     NonFiniteActionError,
@@ -111,6 +112,7 @@ class WorldModelAlgorithm(
         seed: int | list[int] | None = None,
         device: str = "auto",
         allow_vecnormalize_obs: bool = False,
+        data_parallel: bool = False,
         action_noise: Any = None,
         replay_buffer_class: Any = None,
         replay_buffer_kwargs: dict | None = None,
@@ -141,6 +143,14 @@ class WorldModelAlgorithm(
         self.action_repeat = action_repeat
         self.allow_vecnormalize_obs = allow_vecnormalize_obs
         self.seeds = seed_list(seed)
+        if not isinstance(data_parallel, bool):
+            raise TypeError(f"data_parallel must be True or False, got {data_parallel!r}.")
+        if data_parallel and self.seeds is not None:
+            raise ValueError(
+                "data_parallel=True splits one model's training batch over the devices; a seed group "
+                "already shards its seeds over them. Pass one seed, or leave data_parallel False."
+            )
+        self.data_parallel = data_parallel
         self._lanes = None
         n_envs = n_envs or self.default_n_envs
         if self.seeds is not None and isinstance(env, str):
@@ -202,9 +212,12 @@ class WorldModelAlgorithm(
         self.policy = JaxPolicy(self.observation_space, self.action_space)
         self._resolve_config_defaults()
         self._config = self.config
+        self._batch_placement = None
         if getattr(self, "seeds", None) is None:
-            self.seeds, self._lanes = None, None
+            self.seeds, self._lanes, self._placement = None, None, None
             self.policy.state = self._build_state()
+            if getattr(self, "data_parallel", False):  # files of earlier releases have no such attribute
+                self._batch_placement = data_parallel_placement(self.batch_size)
         else:
             self._call_config = self._group_call_config()  # refuses what cannot vary per seed
             self._lanes = self._make_lanes()
@@ -264,6 +277,8 @@ class WorldModelAlgorithm(
             "_lanes",
             "_call_config",
             "_predict_view",
+            "_placement",
+            "_batch_placement",
         ]
 
     @classmethod

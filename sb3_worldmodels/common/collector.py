@@ -24,6 +24,7 @@ from stable_baselines3.common.type_aliases import RolloutReturn, TrainFreq, Trai
 from stable_baselines3.common.utils import should_collect_more_steps
 from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 
+from sb3_worldmodels.blocks.devices import BatchPlacement
 from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.agent_hooks import AgentCall, AgentHooks
 from sb3_worldmodels.common.boundary import AgentObservation, check_rewards, refuse_non_finite_actions
@@ -47,6 +48,7 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
     _last_obs: Any
     at_episode_boundary: bool  # every env between episodes (saved with the model)
     _flat_obs: tuple[Any, AgentObservation] | None  # (an observation, it flattened)
+    _batch_placement: BatchPlacement | None  # data_parallel=True over several devices
     _wm_callbacks: list[WorldModelCallback]
     _eval_callbacks: list[EvalCallback]
 
@@ -144,6 +146,10 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
         act_key, step_key = jax.random.split(state["act_key"])
         self.policy.state = {**state, "act_key": act_key}
         call = self._act_call(obs, learning_starts, step_key)
+        placement = self._batch_placement
+        if placement is not None:  # data_parallel=True: act on the first device, not on all
+            reads = call.reads
+            call = call._replace(reads=lambda agent: placement.on_first_device(reads(agent)))
         return call.finish(run_call(self._config, call, state["agent"]))
 
     def _count_step(self, dones: np.ndarray) -> int:

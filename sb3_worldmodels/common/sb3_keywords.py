@@ -41,6 +41,7 @@ FOREIGN_KEYWORDS = {
 ACCEPTED_KEYWORDS = frozenset(
     {
         "allow_vecnormalize_obs",
+        "data_parallel",
         "action_noise",
         "replay_buffer_class",
         "replay_buffer_kwargs",

@@ -18,6 +18,11 @@ Files: ``save`` stores the stacked state and each lane's counters and schedule (
 list of plain values per seed), ``load`` gives the group back; ``save_replay_buffer`` writes every
 seed's replay in one ``.npz``. ``predict`` acts for one seed, named by ``seed_index``: as
 ``seed_model(seed_index)`` would, with the lane holding that seed's slice of the state for the call.
+
+The devices: on a host of several devices the seed axis is sharded over them
+(:func:`~sb3_worldmodels.blocks.devices.seed_placement`: S / D seeds on each of D devices, D the
+largest device count that divides S); the state, each call's stacked arguments and each training call's
+batches are placed along it, the programs run on every device at once and their outputs stay there.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.utils import FloatSchedule, safe_mean
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
+from sb3_worldmodels.blocks.devices import SeedPlacement, seed_placement
 from sb3_worldmodels.blocks.seeds import masked_updates, stack_trees, tree_slice
 from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.agent_hooks import AgentHooks
@@ -88,8 +94,12 @@ def group_vec_env(make_one: Any, seeds: tuple[int, ...]) -> VecEnv:
     return DummyVecEnv([functools.partial(_same, env) for env in envs])
 
 
-_split_keys = jax.jit(jax.vmap(jax.random.split))
-"""(S, 2) keys -> (S, 2, 2): each seed's key split in two, in one dispatch."""
+@jax.jit
+def _split_keys(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(S, 2) keys -> two (S, 2): each seed's key split in two, in one dispatch (an index of its
+    output outside would be a dispatch of its own, its indices sent to every device)."""
+    split = jax.vmap(jax.random.split)(keys)
+    return split[:, 0], split[:, 1]
 
 
 def _same(env: Any) -> Any:
@@ -107,6 +117,7 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
     run every lane's calls as one (a single-seed model has no lanes and skips all of it)."""
 
     _lanes: list[Any] | None
+    _placement: SeedPlacement | None
     seeds: tuple[int, ...] | None
     policy: Any
     _config: Any
@@ -234,7 +245,29 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         state = stack_trees([lane.policy.state for lane in self._lanes])
         for lane in self._lanes:
             lane.policy.state = None
-        return state
+        self._placement = seed_placement(self.n_seeds)
+        return self._on_devices(state)
+
+    # ------------------------------------------------------------------ the seed axis on the devices
+    def _on_devices(self, tree: Any) -> Any:
+        """A pytree of leaves (S, ...) on the devices: sharded along S over several, else as given."""
+        return tree if self._placement is None else self._placement.put(tree)
+
+    def _stacked(self, trees: list[Any]) -> Any:
+        """S pytrees -> one of leaves (S, ...), placed along S (:meth:`_on_devices`)."""
+        return stack_trees(trees) if self._placement is None else self._placement.stack(trees)
+
+    def _unstacked(self, tree: Any) -> list[Any]:
+        """One pytree of leaves (S, ...) -> S pytrees, each seed's on the device that holds it."""
+        if self._placement is None:
+            return [tree_slice(tree, i) for i in range(self.n_seeds)]
+        return self._placement.unstack(tree)
+
+    def _seed_slice(self, index: int) -> Any:
+        """Seed ``index``'s slice of the state, on the device that holds it."""
+        if self._placement is None:
+            return tree_slice(self.policy.state, index)
+        return self._placement.slice(self.policy.state, index)
 
     def set_random_seed(self, seed: Any = None) -> None:
         """SB3's seeding; for a group, Python's, numpy's and torch's generators take the first seed, and
@@ -256,7 +289,7 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
             raise IndexError(f"seed index {index} outside [0, {len(self.seeds)}) (seeds {list(self.seeds)}).")
         assert self._lanes is not None
         model = self._make_lane(index, self._lane_counters(self._lanes[index]))
-        model.policy.state = tree_slice(self.policy.state, index)
+        model.policy.state = self._seed_slice(index)
         return model
 
     # ------------------------------------------------------------------ predict
@@ -293,7 +326,7 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         view = self._predict_view
         if view is None or view[:2] != (version, index):
             self._predict_view = None  # the previous slice goes before the next is made
-            view = (version, index, tree_slice(self.policy.state, index))
+            view = (version, index, self._seed_slice(index))
             self._predict_view = view
         lane = self._lanes[index]
         lane.policy.state = view[2]
@@ -412,11 +445,12 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         if self._lanes is None:
             return super()._collect_act(obs, learning_starts)  # type: ignore[misc]
         state = self.policy.state
-        keys = _split_keys(state["act_key"])  # (S, 2, 2)
-        self.policy.state = {**state, "act_key": keys[:, 0]}
+        act_keys, step_keys = _split_keys(state["act_key"])
+        self.policy.state = {**state, "act_key": act_keys}
+        step_keys = self._unstacked(step_keys)
         calls = [
             lane._act_call(
-                map_observation(lambda x, i=i: x[self._seed_rows(i)], obs), learning_starts, keys[i, 1]
+                map_observation(lambda x, i=i: x[self._seed_rows(i)], obs), learning_starts, step_keys[i]
             )
             for i, lane in enumerate(self._lanes)
         ]
@@ -426,11 +460,12 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         if called != {True}:
             raise RuntimeError("The seeds of a group disagree on whether to act with the model.")
         first = calls[0]
-        arguments = stack_trees([call.arguments for call in calls])
+        arguments = self._stacked([call.arguments for call in calls])
         outputs = first.function.over_seeds(self._call_config)(
             first.reads(state["agent"]), *arguments, **first.static
         )
-        return np.concatenate([call.finish(tree_slice(outputs, i)) for i, call in enumerate(calls)])
+        per_seed = self._unstacked(outputs)
+        return np.concatenate([call.finish(per_seed[i]) for i, call in enumerate(calls)])
 
     def _count_step(self, dones: np.ndarray) -> int:
         if self._lanes is None:
@@ -469,6 +504,7 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
 
     def _set_up_lanes_for_run(self, replays: SeedReplays, reset_num_timesteps: bool) -> None:
         assert self._lanes is not None
+        self.policy.state = self._on_devices(self.policy.state)  # a loaded state is not placed yet
         for lane, replay in zip(self._lanes, replays.buffers, strict=True):
             lane.replay_buffer = replay
             if reset_num_timesteps:
@@ -494,9 +530,10 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         total = int(owed.max())
         chunks = [per_call] * (total // per_call) + [1] * (total % per_call)
         progress = self._current_progress_remaining
-        rates = jnp.asarray([float(lane.lr_schedule(progress)) for lane in self._lanes], jnp.float32)
+        rates = np.asarray([float(lane.lr_schedule(progress)) for lane in self._lanes], np.float32)
         state = self.policy.state
-        agent_state = self.core.set_learning_rate(state["agent"], rates)  # (S,) rates: one per seed
+        # (S,) rates: one per seed
+        agent_state = self.core.set_learning_rate(state["agent"], self._on_devices(rates))
         train = _masked_training(self.core).over_seeds(self._call_config)
         per_seed: list[list[dict]] = [[] for _ in self._lanes]
         done = 0
@@ -507,10 +544,11 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
                 for lane, c in zip(self._lanes, counts, strict=True)
             ]
             batch = stack_trees(_padded_batches([b.batch if b else None for b in batches], k))
-            batch = jax.tree_util.tree_map(jnp.asarray, batch)  # one transfer per field
-            active = jnp.asarray(np.arange(k)[None, :] < counts[:, None])
+            active = np.arange(k)[None, :] < counts[:, None]
+            # One transfer per field (to every device that holds seeds)
+            batch, active = jax.tree_util.tree_map(jnp.asarray, self._on_devices((batch, active)))
             new_state, metrics, *outputs = train(agent_state, batch, active)
-            metrics = jax.device_get(metrics)
+            metrics, outputs = jax.device_get((metrics, tuple(outputs)))
             for i, lane in enumerate(self._lanes):
                 if counts[i]:
                     seed_metrics = {key: value[i, : counts[i]] for key, value in metrics.items()}
@@ -518,16 +556,14 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
             agent_state = new_state
             for i, training in enumerate(batches):
                 if training is not None:
-                    training.commit(
-                        *(jax.tree_util.tree_map(lambda x, i=i, c=counts[i]: x[i, :c], tuple(outputs)))
-                    )
+                    training.commit(*(jax.tree_util.tree_map(lambda x, i=i, c=counts[i]: x[i, :c], outputs)))
                     per_seed[i].append({key: value[i, : counts[i]] for key, value in metrics.items()})
             self.policy.state = {**state, "agent": agent_state}
             done += k
         for lane, c in zip(self._lanes, owed, strict=True):
             lane._n_updates += int(c)
         self._n_updates += total
-        self._log_group_metrics(per_seed, float(np.mean(np.asarray(rates))))
+        self._log_group_metrics(per_seed, float(np.mean(rates)))
 
     def _refuse_non_finite_seed(self, index: int, lane: Any, metrics: dict, done: int) -> None:
         try:

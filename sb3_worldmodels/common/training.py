@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
+from sb3_worldmodels.blocks.devices import BatchPlacement
 from sb3_worldmodels.common.agent_hooks import AgentHooks
 from sb3_worldmodels.common.callbacks import WorldModelCallback, record_extra_metrics
 from sb3_worldmodels.common.policy import JaxPolicy
@@ -45,6 +46,8 @@ class Trainer(AgentHooks, OffPolicyAlgorithm):
     policy: JaxPolicy
     _wm_callbacks: list[WorldModelCallback]
     action_repeat: int
+    _batch_placement: BatchPlacement | None
+    """Where ``data_parallel=True`` splits the training batches (None: one device, or not asked)."""
 
     def train(self, gradient_steps: int, batch_size: int = 0) -> None:
         """Run the updates the agent's schedule owes (SB3's ``gradient_steps`` is ignored), in
@@ -88,7 +91,10 @@ class Trainer(AgentHooks, OffPolicyAlgorithm):
         """k updates in one jitted call on k batches of the agent's replay (``_training_batch``):
         (new state, metrics with a leading k, the call's side effects to apply once it is kept)."""
         training = self._training_batch(k)
-        batch = jax.tree_util.tree_map(jnp.asarray, training.batch)
+        if self._batch_placement is None:
+            batch = jax.tree_util.tree_map(jnp.asarray, training.batch)
+        else:  # data_parallel=True over several devices: each holds a part of every batch
+            batch = self._batch_placement.put_batch(training.batch, self.training_batch_axis)
         new_state, metrics, *outputs = self.core.train_many_jit(self._config, agent_state, batch)
         return new_state, metrics, functools.partial(training.commit, *outputs)
 

@@ -96,6 +96,7 @@ class DreamerV3(WorldModelAlgorithm):
     space_fields = ("obs_dim", "action_dim", "discrete", "obs_keys", "image_shape", "image_keys")
     replay_class = SequenceReplay
     window_setting = "batch_length"
+    training_batch_axis = 1  # batches (k, B, T, ...)
     stateless_predict_consequence = "is recurrent and forgets everything between such calls"
     nan_allowed_metrics = ("constats/", "rewstats/")  # NaN when a batch has no rare row (reference too)
     schedule_attributes = ("_schedule", "_rows")  # the train ratio's position and the rows it counted

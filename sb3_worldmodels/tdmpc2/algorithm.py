@@ -107,6 +107,7 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
     extra_hyperparameters = ("seed_steps", "episode_length")
     replay_class = EpisodeReplay
     window_setting = "horizon"
+    training_batch_axis = 2  # batches (k, H + 1, B, ...)
     stateless_predict_consequence = "loses its plan (the warm start of the next one)"
     # The dynamics, reward, policy and Q MLPs have 2 hidden layers of mlp_dim (world_model.py:24-31@b67b21c).
     net_arch_fields = NetArchFields(

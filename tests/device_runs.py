@@ -1,0 +1,75 @@
+"""Short runs on a host of N forced CPU devices, for tests/test_devices.py (in a fresh process: the
+device count is fixed when JAX starts).
+
+    python tests/device_runs.py SCENARIO N_DEVICES OUT.npz
+
+writes the model's state leaves after the run (``leaf_<i>``, in tree order) and prints one JSON line
+of facts about where they lived. Scenarios: ``tdmpc2_group`` (4 seeds), ``dreamerv3_group`` (2 seeds),
+``data_parallel`` (one TD-MPC2 model with ``data_parallel=True``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+
+def main(scenario: str, n_devices: int, out: str) -> None:
+    flag = f"--xla_force_host_platform_device_count={n_devices}"
+    if flag not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import gymnasium as gym
+    import jax
+    import numpy as np
+    from stable_baselines3.common.env_util import make_vec_env
+
+    from sb3_worldmodels import TDMPC2, DreamerV3
+    from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE
+    from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
+
+    assert jax.device_count() == n_devices, jax.devices()
+
+    def pendulum(n_envs: int):
+        return make_vec_env(lambda: gym.make("Pendulum-v1", max_episode_steps=20), n_envs=n_envs)
+
+    facts: dict = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if scenario == "tdmpc2_group":
+            model = TDMPC2(pendulum(4), seed=[0, 1, 2, 3], **{**TDMPC2_SMOKE, "seed_steps": 25})
+            model.learn(30)
+            # Steady state: no array moves between devices (nothing gathered to one device per step).
+            with jax.transfer_guard_device_to_device("disallow_explicit"):
+                model.learn(6, reset_num_timesteps=False)
+            placement = model._placement
+            facts["plan_on_seed_device"] = placement is None or all(
+                lane._rollout.prev_mean.devices() == {placement.device_of(i)}
+                for i, lane in enumerate(model._lanes)
+            )
+        elif scenario == "dreamerv3_group":
+            model = DreamerV3("CartPole-v1", n_envs=2, seed=[3, 7], **DREAMER_SMOKE)
+            model.learn(40)
+        elif scenario == "data_parallel":
+            model = TDMPC2(pendulum(1), seed=0, data_parallel=True, **{**TDMPC2_SMOKE, "seed_steps": 25})
+            model.learn(27)
+        else:
+            raise SystemExit(f"unknown scenario {scenario!r}")
+    leaves = jax.tree_util.tree_leaves(model.policy.state)
+    facts["warnings"] = [str(w.message) for w in caught if "devices" in str(w.message)]
+    facts["n_updates"] = int(model._n_updates)
+    facts["shardings"] = sorted({_describe(leaf.sharding) for leaf in leaves})
+    np.savez(out, **{f"leaf_{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)})
+    print(json.dumps(facts))
+
+
+def _describe(sharding) -> str:
+    """'P(...) over N' for a sharding."""
+    spec = getattr(sharding, "spec", "single")
+    return f"{spec} over {len(sharding.device_set)}"
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
