@@ -260,7 +260,7 @@ def test_predict_rollout_agrees_with_acting(env_id):
 
 
 def test_save_load_predict_identical(tmp_path):
-    model = tiny("Pendulum-v1")
+    model = tiny(chain_vec(1, length=10), n_envs=None)  # continuous actions
     model.learn(60)
     obs = model.env.reset()
     action, state = model.predict(obs, deterministic=True)
@@ -399,8 +399,8 @@ def test_foreign_and_corrupt_checkpoints(tmp_path):
     (tmp_path / "bad.zip").write_bytes(b"not a zip at all")
     with pytest.raises(ValueError, match="Could not read"):
         DreamerV3.load(tmp_path / "bad.zip")
-    model = tiny("Pendulum-v1")
-    other = tiny("Pendulum-v1", units=8)
+    model = tiny("CartPole-v1")
+    other = tiny("CartPole-v1", units=8)
     before = [np.array(x) for x in params_of(other)]
     with pytest.raises(RuntimeError, match="does not fit"):
         other.set_parameters(model.get_parameters())

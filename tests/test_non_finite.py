@@ -18,6 +18,7 @@ from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_worldmodels import TDMPC2, DreamerV3
 from sb3_worldmodels.common.base import NonFiniteActionError, NonFiniteUpdateError
+from sb3_worldmodels.common.boundary import check_rewards
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 from tests.probe_envs import ChainEnv
@@ -83,7 +84,7 @@ def all_finite(model) -> bool:
     ("value", "where"), [(float("nan"), "reward"), (float("inf"), "reward"), (float("nan"), "obs")]
 )
 def test_a_non_finite_step_is_refused_where_it_enters(agent, value, where):
-    env = vec(lambda: FaultyEnv(at=37, value=value, where=where), n=2)
+    env = vec(lambda: FaultyEnv(at=37, value=value, where=where))
     model = build(agent, env)
     kind = "reward" if where == "reward" else "observation"
     with pytest.raises(ValueError, match=rf"Non-finite {kind}.*from env 0.* at step \d+"):
@@ -91,6 +92,18 @@ def test_a_non_finite_step_is_refused_where_it_enters(agent, value, where):
     assert all_finite(model)
     stored = model.replay_buffer.export_state()[0] if model.replay_buffer is not None else {}
     assert all(np.all(np.isfinite(a)) for a in stored.values() if a.dtype.kind == "f")
+
+
+def test_the_refusal_names_the_env_and_the_step():
+    """Of several envs, the one whose reward or observation is not finite (the end-to-end runs above
+    use one env, the programs every test of this file shares)."""
+    rewards = np.array([0.5, np.inf, np.nan], np.float32)
+    with pytest.raises(ValueError, match=r"Non-finite reward inf from env 1 at step 7:"):
+        check_rewards(rewards, " at step 7")
+    adapter = build("dreamerv3").obs_adapter
+    obs = np.array([[0.0, 1.0], [0.5, 1.0], [0.2, np.nan]], np.float32)
+    with pytest.raises(ValueError, match=r"Non-finite observation .* from env 2, index 1 at step 7:"):
+        adapter.convert(obs, " at step 7")
 
 
 @pytest.mark.parametrize("agent", list(AGENTS))

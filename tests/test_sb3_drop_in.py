@@ -77,7 +77,7 @@ def test_tdmpc2_without_episode_length_keeps_what_is_given(given, discount, seed
 
 
 def test_tdmpc2_learns_on_sb3s_identity_env():
-    model = TDMPC2("MlpPolicy", identity_env(ep_length=10), learning_starts=20, **TINY[TDMPC2])
+    model = sb3_model(TDMPC2, identity_env(ep_length=10), learning_starts=20)
     model.learn(40)
     assert model._n_updates == 20 + 19  # seed_steps updates in a row at step 20, then one per step
     assert model.replay_buffer.num_episodes >= 3
@@ -85,6 +85,9 @@ def test_tdmpc2_learns_on_sb3s_identity_env():
 
 # ------------------------------------------------------------------ policy_kwargs=dict(net_arch=...)
 WIDTH = {DreamerV3: "units", TDMPC2: "mlp_dim"}
+SB3_NET_ARCH = {DreamerV3: [16], TDMPC2: [16, 16]}
+"""SB3's tests' net_arch ([16]) for each agent (TD-MPC2's MLPs have 2 hidden layers): the size of every
+model of this file that learns, so that they share their compiled programs."""
 
 
 def sized(model_class, **kwargs):
@@ -165,10 +168,10 @@ def test_net_arch_against_an_explicit_setting(model_class):
 
 @pytest.mark.parametrize("model_class", MODEL_LIST)
 def test_a_model_built_with_net_arch_round_trips_save_and_load(model_class, tmp_path):
-    policy_kwargs = {"net_arch": [24, 24]}
+    policy_kwargs = {"net_arch": SB3_NET_ARCH[model_class]}
     model = sized(model_class, policy_kwargs=policy_kwargs)
     model.learn(30)
-    observations = np.linspace(-10, 10, 6, dtype=np.float32)[:, None]
+    observations = np.linspace(-10, 10, 10, dtype=np.float32)[:, None]
     actions, _ = model.predict(observations, deterministic=True)
     model.save(tmp_path / "model.zip")
     with warnings.catch_warnings():
@@ -184,7 +187,6 @@ def test_a_model_built_with_net_arch_round_trips_save_and_load(model_class, tmp_
 # Adapted where the agents legitimately differ: TD-MPC2's MLPs have 2 hidden layers (net_arch [16, 16]
 # for SB3's [16]); the models compute with JAX, so their torch device is always the CPU; a policy holds
 # no torch module (no th.compile); a policy file holds the acting parameters, not the optimiser state.
-SB3_NET_ARCH = {DreamerV3: [16], TDMPC2: [16, 16]}
 
 
 def sb3_model(model_class, env, **kwargs):
@@ -314,8 +316,9 @@ def test_warn_buffer(recwarn, model_class):
     """SB3's own warnings on repeated learn calls are about optimize_memory_usage, which the agents
     refuse; repeated learn calls on an env of unknown episode length warn about nothing else."""
     warnings.filterwarnings(action="ignore", category=DeprecationWarning)
-    # gamma given, as SB3's default: TD-MPC2 would otherwise warn once that it took it.
-    model = sb3_model(model_class, IdentityEnvBox(-10, 10), buffer_size=100, learning_starts=10, gamma=0.99)
+    # TD-MPC2 given gamma, as SB3's default: it would otherwise warn once that it took it.
+    gamma = {"gamma": 0.99} if model_class is TDMPC2 else {}
+    model = sb3_model(model_class, IdentityEnvBox(-10, 10), buffer_size=100, learning_starts=10, **gamma)
     model.learn(50)
     model.learn(50, reset_num_timesteps=False)
     assert len(recwarn) == 0, [str(w.message) for w in recwarn]
