@@ -23,7 +23,8 @@ from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS, preset
 from sb3_worldmodels.tdmpc2.upgrade import upgrade_state_leaves
 from tests.probe_envs import BanditEnv, ChainEnv, NaNEnv
 
-# One tiny configuration for the module, so the jitted functions compile once per env shape.
+# One tiny configuration for the module, so the jitted functions compile once per env shape: the
+# smoke settings on the 10-step chain, whose programs other test files share.
 TINY = dict(
     model_size=1,
     enc_dim=16,
@@ -36,7 +37,7 @@ TINY = dict(
     num_pi_trajs=4,
     iterations=2,
     seed_steps=30,
-    episode_length=1000,
+    episode_length=10,  # the chain's
     seed=0,
 )
 
