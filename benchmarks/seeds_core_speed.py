@@ -4,10 +4,15 @@ single-seed program.
 
     python benchmarks/seeds_core_speed.py                       # both agents, 1 2 4 8 seeds
     python benchmarks/seeds_core_speed.py --agent tdmpc2 --seeds 1 --seeds 16 --repeats 20
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu \
+        python benchmarks/seeds_core_speed.py --seeds 4 --seeds 8 --sharded    # 4 CPU devices
 
 DreamerV3: one "1m" update at 16 x 64 (CartPole shapes: obs 4, two discrete actions), the group's
 training call of ``blocks.seeds.masked_updates`` with every update active. TD-MPC2: one size-1
 agent step (Pendulum shapes: obs 3, action 1), a plan for one env per seed and one update.
+
+``--sharded`` times each seed count also with its seed axis sharded over the host's devices
+(``blocks.devices.seed_placement``, as a seed group places it), beside the same program on one.
 
 Each timing is a median over ``--repeats`` calls after compilation; the seed counts of an agent are
 timed round-robin in one process, so a busy neighbour on the CPU affects every row alike. Prints one
@@ -28,12 +33,18 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
+from sb3_worldmodels.blocks.devices import seed_placement  # noqa: E402
 from sb3_worldmodels.blocks.seeds import masked_updates, stack_trees  # noqa: E402
+
+
+def placed(tree: Any, seeds: int, sharded: bool) -> Any:
+    """A pytree of leaves (seeds, ...) on the device, or sharded along the seeds over the devices."""
+    placement = seed_placement(seeds) if sharded else None
+    return jax.device_put(tree) if placement is None else placement.put(tree)
 
 
 def cpu_model() -> str:
@@ -53,7 +64,7 @@ def timed_compile(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
     return compiled, time.perf_counter() - start
 
 
-def dreamerv3(seeds: int) -> tuple[Callable[[], dict[str, float]], float]:
+def dreamerv3(seeds: int, sharded: bool = False) -> tuple[Callable[[], dict[str, float]], float]:
     """One training call of ``seeds`` "1m" agents (16 x 64 each); seeds == 0: the single-seed
     ``train_many_jit``. Returns (a call that runs it once and returns its seconds, compile seconds)."""
     from sb3_worldmodels.dreamerv3 import agent as core
@@ -84,8 +95,8 @@ def dreamerv3(seeds: int) -> tuple[Callable[[], dict[str, float]], float]:
         args: list = [state, batch]
     else:
         states = stack_trees([core.init_state(config, jax.random.PRNGKey(s)) for s in range(seeds)])
-        group = jax.device_put(stack_trees([batches() for _ in range(seeds)]))
-        active = jnp.ones((seeds, 1), bool)
+        group = stack_trees([batches() for _ in range(seeds)])
+        states, group, active = placed((states, group, np.ones((seeds, 1), bool)), seeds, sharded)
         program = masked_updates(core.train_step).over_seeds(config)
         update, compile_s = timed_compile(program, states, group, active)
         args = [states, group, active]
@@ -99,7 +110,7 @@ def dreamerv3(seeds: int) -> tuple[Callable[[], dict[str, float]], float]:
     return call, compile_s
 
 
-def tdmpc2(seeds: int) -> tuple[Callable[[], dict[str, float]], float]:
+def tdmpc2(seeds: int, sharded: bool = False) -> tuple[Callable[[], dict[str, float]], float]:
     """One agent step of ``seeds`` size-1 agents (a plan for one env each, then one update); seeds ==
     0: the single-seed ``act_jit`` and ``train_many_jit``."""
     from sb3_worldmodels.tdmpc2 import agent as core
@@ -130,9 +141,10 @@ def tdmpc2(seeds: int) -> tuple[Callable[[], dict[str, float]], float]:
         train, train_compile = timed_compile(core.train_many_jit.for_config(config), state, batch)
         active: tuple = ()
     else:
-        state, batch, plan_args = jax.device_put(stack_trees([inputs(s) for s in range(seeds)]))
+        stacked = (stack_trees([inputs(s) for s in range(seeds)]), np.ones((seeds, 1), bool))
+        (state, batch, plan_args), ones = placed(stacked, seeds, sharded)
         act, act_compile = timed_compile(core.act_jit.over_seeds(config), state.params, *plan_args)
-        active = (jnp.ones((seeds, 1), bool),)
+        active = (ones,)
         program = masked_updates(core.train_step).over_seeds(config)
         train, train_compile = timed_compile(program, state, batch, *active)
     current = [state]
@@ -159,39 +171,50 @@ def main() -> None:
     parser.add_argument("--agent", choices=sorted(AGENTS), action="append", help="default: both")
     parser.add_argument("--seeds", type=int, action="append", help="seed counts (default 1 2 4 8)")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--sharded", action="store_true", help="each seed count also sharded over the host's devices"
+    )
     args = parser.parse_args()
     common = {
         "cpu": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "backend": jax.default_backend(),
+        "devices": jax.local_device_count(),
         "jax": jax.__version__,
         "date": datetime.date.today().isoformat(),
     }
     for agent in args.agent or sorted(AGENTS):
         build, what = AGENTS[agent]
-        counts = [0, *(args.seeds or [1, 2, 4, 8])]  # 0: the single-seed program
+        seed_counts = args.seeds or [1, 2, 4, 8]
+        # (seeds, sharded); seeds 0: the single-seed program
+        counts = [(0, False), *((n, False) for n in seed_counts)]
+        counts += [(n, True) for n in seed_counts if args.sharded and n > 1]
         calls, compiles = {}, {}
-        for n in counts:
-            calls[n], compiles[n] = build(n)
-        times: dict[int, list[dict[str, float]]] = {n: [] for n in counts}
+        for n, sharded in counts:
+            calls[n, sharded], compiles[n, sharded] = build(n, sharded)
+        times: dict[tuple[int, bool], list[dict[str, float]]] = {key: [] for key in counts}
         for _ in range(args.repeats):
-            for n in counts:
-                times[n].append(calls[n]())
-        for n in counts:
-            ms = float(np.median([sum(parts.values()) for parts in times[n]]) * 1e3)
+            for key in counts:
+                times[key].append(calls[key]())
+        for key in counts:
+            n, sharded = key
+            ms = float(np.median([sum(parts.values()) for parts in times[key]]) * 1e3)
             parts = {
-                f"{part}_ms": round(float(np.median([t[part] for t in times[n]]) * 1e3), 1)
-                for part in times[n][0]
+                f"{part}_ms": round(float(np.median([t[part] for t in times[key]]) * 1e3), 1)
+                for part in times[key][0]
             }
+            placement = seed_placement(n) if sharded else None
+            program = "single seed" if n == 0 else "over seeds"
             row = {
                 "agent": agent,
                 "call": what,
-                "program": "single seed" if n == 0 else "over seeds",
+                "program": program if placement is None else f"{program}, sharded",
+                "on_devices": 1 if placement is None else len(placement.devices),
                 "seeds": max(n, 1),
                 "ms_per_call": round(ms, 1),
                 "ms_per_seed": round(ms / max(n, 1), 1),
                 **parts,
-                "compile_s": round(compiles[n], 1),
+                "compile_s": round(compiles[key], 1),
                 "repeats": args.repeats,
                 **common,
             }
