@@ -10,6 +10,8 @@
 - :mod:`~sb3_worldmodels.blocks.random`: cheap hashed Bernoulli masks for dropout.
 - :mod:`~sb3_worldmodels.blocks.seeds`: many seeds in one program (a leading seed axis; settings per
   seed).
+- :mod:`~sb3_worldmodels.blocks.devices`: every local device (a seed axis sharded over them; one
+  model's batch split over them).
 """
 
 from sb3_worldmodels.blocks.distributions import (
