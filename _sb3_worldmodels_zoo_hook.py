@@ -21,7 +21,7 @@ import warnings
 from typing import Any
 
 SWITCH = "SB3_WORLDMODELS_ZOO_HOOK"
-WATCHED = ("rl_zoo3.utils", "rl_zoo3.hyperparams_opt", "rl_zoo3.exp_manager")
+WATCHED = ("rl_zoo3.utils", "rl_zoo3.hyperparams_opt", "rl_zoo3.exp_manager", "rl_zoo3.enjoy")
 
 
 def enabled() -> bool:

@@ -14,12 +14,14 @@ import subprocess
 import sys
 import zipfile
 
+import numpy as np
 import pytest
 import yaml
 
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMERV3_SMOKE
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 from sb3_worldmodels.zoo import HYPERPARAMS_DIR, samplers
+from sb3_worldmodels.zoo.seeds import GROUP_KEYS, group_seeds
 
 
 def as_params(settings: dict) -> list[str]:
@@ -224,13 +226,211 @@ def test_optuna_through_the_explicit_entry_point_without_the_hook(zoo_env, tmp_p
     assert "learning_rate" in out and "temperature" in out
 
 
+def zip_data(path) -> dict:
+    with zipfile.ZipFile(path) as archive:
+        return json.loads(archive.read("data"))
+
+
+def saved_seeds(data: dict) -> list | None:
+    seeds = data.get("seeds")
+    return seeds["items"] if isinstance(seeds, dict) else seeds
+
+
+def run_failing(args, env, cwd, timeout=600) -> str:
+    result = subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode != 0, f"{' '.join(args)} succeeded:\n{result.stdout[-2000:]}"
+    return result.stdout + result.stderr
+
+
+def test_a_seed_group_trains_evaluates_every_seed_resumes_and_plays_one_seed(zoo_env, tmp_path):
+    logs = tmp_path / "logs"
+    common = ["--algo", "tdmpc2", "--env", "Pendulum-v1", *SHORT_PENDULUM]
+    train = ["rl_zoo3", "train", *common, "-f", str(logs)]
+    out = run(
+        [*train, "-n", "100", "--seed", "5", "--eval-freq", "90", "--eval-episodes", "1"]
+        + ["-params", *TINY_TDMPC2, "n_seeds:2"],
+        zoo_env,
+        tmp_path,
+    )
+    assert "Seed group: seeds [5, 6], 1 envs each" in out
+    run_dir = logs / "tdmpc2" / "Pendulum-v1_1"
+    data = zip_data(run_dir / "Pendulum-v1.zip")
+    assert saved_seeds(data) == [5, 6] and data["n_envs"] == 2 and data["num_timesteps"] >= 100
+    assert (run_dir / "0.monitor.csv").exists() and (run_dir / "1.monitor.csv").exists()
+    assert saved_seeds(zip_data(run_dir / "best_model.zip")) == [5, 6]  # the best group, by the mean
+    config = dict(yaml.load((run_dir / "Pendulum-v1" / "config.yml").read_text(), Loader=yaml.UnsafeLoader))
+    assert config["n_seeds"] == 2  # the run's record keeps it
+    evaluations = np.load(run_dir / "evaluations.npz")
+    assert evaluations["results"].shape == (1, 2) and list(evaluations["seeds"]) == [5, 6]
+    mean = float(evaluations["results"][0].mean())
+    assert f"mean over 2 seeds: {mean:.2f}" in out
+
+    # enjoy plays one model: the zoo's command refuses a group, ours plays the seed it is given.
+    enjoy = [*common, "-f", str(logs), "-n", "50", "--no-render"]
+    refused = run_failing(["rl_zoo3", "enjoy", *enjoy], zoo_env, tmp_path)
+    assert "holds a seed group (seeds [5, 6])" in refused and "--seed-index" in refused
+    out = run(
+        [sys.executable, "-m", "sb3_worldmodels.zoo", "enjoy", *enjoy, "--seed-index", "1"], zoo_env, tmp_path
+    )
+    assert "Episode Reward" in out
+
+    # -i resumes the group (its seeds are the file's); the seed count must match.
+    resume = [*train, "-n", "30", "--seed", "1", "-i", str(run_dir / "Pendulum-v1.zip")]
+    refused = run_failing([*resume, "-params", *TINY_TDMPC2], zoo_env, tmp_path)
+    assert "holds the seeds [5, 6] but this run trains one seed: resume it with n_seeds: 2" in refused
+    out = run([*resume, "-params", *TINY_TDMPC2, "n_seeds:2"], zoo_env, tmp_path)
+    assert "Loading pretrained agent" in out
+    resumed = sorted((logs / "tdmpc2").glob("Pendulum-v1_*/Pendulum-v1.zip"))[-1]
+    data = zip_data(resumed)
+    assert saved_seeds(data) == [5, 6] and data["num_timesteps"] == 30
+
+
+def test_optuna_trials_score_the_mean_over_their_seeds(zoo_env, tmp_path):
+    trials = tmp_path / "trials"
+    out = run(
+        [
+            "rl_zoo3",
+            "train",
+            "--algo",
+            "tdmpc2",
+            "--env",
+            "Pendulum-v1",
+            *SHORT_PENDULUM,
+            "-optimize",
+            "--n-trials",
+            "1",
+            "--n-timesteps",
+            "60",
+            "--n-evaluations",
+            "2",
+            "--eval-episodes",
+            "1",
+            "--sampler",
+            "random",
+            "--pruner",
+            "median",
+            "--optimization-log-path",
+            str(trials),
+            "-f",
+            str(tmp_path / "logs"),
+            "--seed",
+            "3",
+            "-params",
+            *TINY_TDMPC2,
+            "n_seeds:2",
+        ],
+        zoo_env,
+        tmp_path,
+    )
+    assert "Number of finished trials:  1" in out
+    evaluations = np.load(trials / "trial_0" / "evaluations.npz")
+    assert evaluations["results"].shape == (2, 2) and list(evaluations["seeds"]) == [3, 4]
+    value = float(out.split("Value: ")[1].split()[0])
+    np.testing.assert_allclose(value, evaluations["results"][-1].mean(), rtol=1e-9)
+
+
+@pytest.mark.parametrize("algo", ["tdmpc2", "dreamerv3"])
+def test_n_seeds_builds_a_group_over_seed_major_envs(algo, tmp_path):
+    """In process: the zoo's manager builds the group and n_envs envs per seed, seeded seed-major."""
+    import argparse
+
+    from sb3_worldmodels.zoo import register
+
+    assert register()
+    from rl_zoo3.exp_manager import ExperimentManager
+
+    smoke = TDMPC2_SMOKE if algo == "tdmpc2" else DREAMERV3_SMOKE
+    manager = ExperimentManager(
+        argparse.Namespace(),
+        algo,
+        "Pendulum-v1",
+        str(tmp_path),
+        n_timesteps=10,
+        eval_freq=-1,
+        hyperparams={**smoke, "n_envs": 2, "n_seeds": 3},
+        seed=5,
+        verbose=0,
+    )
+    model, saved = manager.setup_experiment()
+    assert model.seeds == (5, 6, 7) and model.n_envs == 6 and saved["n_seeds"] == 3
+    assert model.env.unwrapped._seeds == [5, 6, 6, 7, 7, 8]
+    model.env.close()
+
+
+def test_a_trial_trains_the_configured_seeds_and_a_non_finite_update_prunes_it(tmp_path, monkeypatch):
+    """In process: the zoo builds a trial's model with seed=None; a group's trial trains --seed, ...,
+    and a NonFiniteUpdateError prunes the trial instead of ending the study."""
+    import argparse
+
+    import optuna
+
+    from sb3_worldmodels import TDMPC2
+    from sb3_worldmodels.common.training import NonFiniteUpdateError
+    from sb3_worldmodels.zoo import register
+
+    assert register()
+    from rl_zoo3.exp_manager import ExperimentManager
+
+    trained = []
+
+    def diverge(model, *args, **kwargs):
+        trained.append(model.seeds)
+        raise NonFiniteUpdateError("Seed 4 (index 1): a non-finite update")
+
+    monkeypatch.setattr(TDMPC2, "learn", diverge)
+    manager = ExperimentManager(
+        argparse.Namespace(),
+        "tdmpc2",
+        "Pendulum-v1",
+        str(tmp_path),
+        n_timesteps=10,
+        hyperparams={**TDMPC2_SMOKE, "n_seeds": 2},
+        optimize_hyperparameters=True,
+        seed=3,
+        verbose=0,
+    )
+    assert manager.setup_experiment() is None
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
+    with pytest.raises(optuna.TrialPruned):
+        manager.objective(trial)
+    assert trained == [(3, 4)]
+
+
+def test_group_seeds_from_hyperparameters():
+    assert group_seeds({"n_seeds": 3}, 10) == (10, 11, 12)
+    assert group_seeds({"seeds": [4, 1]}, 10) == (4, 1)
+    assert group_seeds({"seeds": [4, 1], "n_seeds": 2}, 0) == (4, 1)
+    assert group_seeds({"n_seeds": 1}, 10) is None and group_seeds({}, 10) is None
+    params = {"n_seeds": 2, "seeds": None, "learning_rate": 1e-3}
+    group_seeds(params, 0)
+    assert params == {"learning_rate": 1e-3}  # never passed on to the constructor
+    for bad, message in (
+        ({"n_seeds": 0}, "n_seeds must be an int >= 1"),
+        ({"n_seeds": True}, "n_seeds must be an int >= 1"),
+        ({"n_seeds": 2.0}, "n_seeds must be an int >= 1"),
+        ({"seeds": 3}, "seeds must be a list of ints"),
+        ({"seeds": [1, 1]}, "must differ"),
+        ({"seeds": [1, 2], "n_seeds": 3}, "disagrees"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            group_seeds(bad, 0)
+
+
 def test_hyperparameter_files_build_their_models():
     """Every entry names only constructor arguments, and the dm_control entries repeat actions."""
     import inspect
 
     from sb3_worldmodels import TDMPC2, DreamerV3
 
-    zoo_only = {"n_timesteps", "n_envs", "env_wrapper", "normalize", "frame_stack", "policy_kwargs"}
+    zoo_only = {
+        "n_timesteps",
+        "n_envs",
+        "env_wrapper",
+        "normalize",
+        "frame_stack",
+        "policy_kwargs",
+        *GROUP_KEYS,
+    }
     for algo, cls in (("tdmpc2", TDMPC2), ("dreamerv3", DreamerV3)):
         entries = yaml.load((HYPERPARAMS_DIR / f"{algo}.yml").read_text(), Loader=yaml.UnsafeLoader)
         accepted = set(inspect.signature(cls.__init__).parameters)

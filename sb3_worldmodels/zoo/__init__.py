@@ -8,10 +8,11 @@ Two ways in (docs/zoo.md):
 - ``sb3wm-zoo train --algo tdmpc2 ...`` / ``python -m sb3_worldmodels.zoo ...``: :func:`main`
   registers explicitly, then runs rl_zoo3's own command line. No hook involved.
 
-Registration only adds keys (``ALGOS``, ``HYPERPARAMS_SAMPLER``, ``HYPERPARAMS_CONVERTER``) and
-makes ``ExperimentManager`` read ``hyperparams/<algo>.yml`` from this package when no
-``--conf-file`` is given for one of our algorithms. It is idempotent and refuses (with a warning)
-an rl_zoo3 outside the tested range or one whose patched names are missing.
+Registration adds keys (``ALGOS``, ``HYPERPARAMS_SAMPLER``, ``HYPERPARAMS_CONVERTER``), makes
+``ExperimentManager`` read ``hyperparams/<algo>.yml`` from this package when no ``--conf-file`` is
+given for one of our algorithms, and teaches the zoo seed groups (:mod:`sb3_worldmodels.zoo.seeds`:
+``n_seeds`` in train and ``-optimize``, ``enjoy`` of one seed of a group). It is idempotent and
+refuses (with a warning) an rl_zoo3 outside the tested range or one whose patched names are missing.
 """
 
 from __future__ import annotations
@@ -91,12 +92,41 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
 
     setattr(__init__, _PATCHED_MARK, True)
     manager.__init__ = __init__
+    _patch_seed_groups(exp_manager)
+
+
+def _patch_seed_groups(exp_manager: ModuleType) -> None:
+    """``n_seeds`` / ``seeds`` hyperparameters (:mod:`sb3_worldmodels.zoo.seeds`), where this rl_zoo3
+    has every name they patch."""
+    import importlib
+
+    from sb3_worldmodels.zoo import seeds
+
+    missing = seeds.missing_names(exp_manager)
+    if missing:
+        warnings.warn(
+            f"sb3_worldmodels: seed groups (n_seeds) are not available with this rl_zoo3: "
+            f"rl_zoo3.exp_manager lacks {', '.join(missing)}.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    seeds.patch_experiment_manager(exp_manager, importlib.import_module("rl_zoo3.utils"), algorithms())
+
+
+def _patch_enjoy(enjoy: ModuleType) -> None:
+    import importlib
+
+    from sb3_worldmodels.zoo import seeds
+
+    seeds.patch_enjoy(enjoy, importlib.import_module("rl_zoo3.utils"), algorithms())
 
 
 _REGISTRARS = {
     "rl_zoo3.utils": ("ALGOS", _register_algos),
     "rl_zoo3.hyperparams_opt": ("HYPERPARAMS_SAMPLER", _register_samplers),
     "rl_zoo3.exp_manager": ("ExperimentManager", _patch_experiment_manager),
+    "rl_zoo3.enjoy": ("ALGOS", _patch_enjoy),
 }
 
 
@@ -125,11 +155,31 @@ def register() -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``sb3wm-zoo <train|enjoy|...> ...``: rl_zoo3's command line with our algorithms registered."""
+    """``sb3wm-zoo <train|enjoy|...> ...``: rl_zoo3's command line with our algorithms registered.
+
+    ``sb3wm-zoo enjoy ... --seed-index i`` plays the ``i``-th seed of a seed group's file (the zoo's
+    own ``enjoy`` has no such option and refuses a group)."""
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     if not register():
         raise SystemExit("sb3_worldmodels could not register with this rl_zoo3 (see the warning above).")
+    if sys.argv[1:2] == ["enjoy"]:
+        _take_seed_index()
     from rl_zoo3.cli import main as zoo_main
 
     zoo_main()
+
+
+def _take_seed_index() -> None:
+    """Remove ``--seed-index i`` from ``sys.argv`` (rl_zoo3's parser refuses it) and hand it to enjoy."""
+    import argparse
+
+    from sb3_worldmodels.zoo.seeds import EnjoyLoader
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --seed stays the zoo's
+    parser.add_argument("--seed-index", type=int, default=None)
+    known, rest = parser.parse_known_args(sys.argv[2:])
+    if known.seed_index is not None and known.seed_index < 0:
+        raise SystemExit(f"--seed-index must be >= 0, got {known.seed_index}.")
+    EnjoyLoader.seed_index = known.seed_index
+    sys.argv = sys.argv[:2] + rest
