@@ -247,7 +247,18 @@ def test_a_seed_group_trains_evaluates_every_seed_resumes_and_plays_one_seed(zoo
     common = ["--algo", "tdmpc2", "--env", "Pendulum-v1", *SHORT_PENDULUM]
     train = ["rl_zoo3", "train", *common, "-f", str(logs)]
     out = run(
-        [*train, "-n", "100", "--seed", "5", "--eval-freq", "90", "--eval-episodes", "1"]
+        [
+            *train,
+            "-n",
+            "100",
+            "--seed",
+            "5",
+            "--eval-freq",
+            "90",
+            "--eval-episodes",
+            "1",
+            "--save-replay-buffer",
+        ]
         + ["-params", *TINY_TDMPC2, "n_seeds:2"],
         zoo_env,
         tmp_path,
@@ -256,6 +267,7 @@ def test_a_seed_group_trains_evaluates_every_seed_resumes_and_plays_one_seed(zoo
     run_dir = logs / "tdmpc2" / "Pendulum-v1_1"
     data = zip_data(run_dir / "Pendulum-v1.zip")
     assert saved_seeds(data) == [5, 6] and data["n_envs"] == 2 and data["num_timesteps"] >= 100
+    assert (run_dir / "replay_buffer.pkl").exists()  # every seed's replay, one pickle-free file
     assert (run_dir / "0.monitor.csv").exists() and (run_dir / "1.monitor.csv").exists()
     assert saved_seeds(zip_data(run_dir / "best_model.zip")) == [5, 6]  # the best group, by the mean
     config = dict(yaml.load((run_dir / "Pendulum-v1" / "config.yml").read_text(), Loader=yaml.UnsafeLoader))
@@ -279,9 +291,10 @@ def test_a_seed_group_trains_evaluates_every_seed_resumes_and_plays_one_seed(zoo
     refused = run_failing([*resume, "-params", *TINY_TDMPC2], zoo_env, tmp_path)
     assert "holds the seeds [5, 6] but this run trains one seed: resume it with n_seeds: 2" in refused
     out = run([*resume, "-params", *TINY_TDMPC2, "n_seeds:2"], zoo_env, tmp_path)
-    assert "Loading pretrained agent" in out
+    assert "Loading pretrained agent" in out and "Loading replay buffer" in out
     resumed = sorted((logs / "tdmpc2").glob("Pendulum-v1_*/Pendulum-v1.zip"))[-1]
     data = zip_data(resumed)
+    # As for one seed: the step counter restarts, the weights and every seed's replay carry over.
     assert saved_seeds(data) == [5, 6] and data["num_timesteps"] == 30
 
 
@@ -394,6 +407,24 @@ def test_a_trial_trains_the_configured_seeds_and_a_non_finite_update_prunes_it(t
     with pytest.raises(optuna.TrialPruned):
         manager.objective(trial)
     assert trained == [(3, 4)]
+
+
+def test_a_resumed_file_must_hold_the_runs_seed_count(tmp_path):
+    """Checked from the file's header before loading (the zoo built the env for the run's count)."""
+    from sb3_worldmodels import TDMPC2
+    from sb3_worldmodels.zoo.seeds import GroupBuilder, saved_seed_list
+
+    TDMPC2("Pendulum-v1", seed=2, **TDMPC2_SMOKE).save(tmp_path / "one.zip")
+    TDMPC2("Pendulum-v1", seed=[2, 9], **TDMPC2_SMOKE).save(tmp_path / "two.zip")
+    assert saved_seed_list(tmp_path / "one.zip") is None and saved_seed_list(tmp_path / "two.zip") == (2, 9)
+    assert saved_seed_list(tmp_path / "missing.zip") is False
+    with pytest.raises(ValueError, match="holds one seed but this run trains 2 seeds .* with no n_seeds"):
+        GroupBuilder(TDMPC2, (0, 1)).load(tmp_path / "one.zip")
+    with pytest.raises(
+        ValueError, match=r"holds the seeds \[2, 9\] but this run trains 3 seeds .* n_seeds: 2"
+    ):
+        GroupBuilder(TDMPC2, (0, 1, 2)).load(tmp_path / "two.zip")
+    assert GroupBuilder(TDMPC2, (0, 1)).load(tmp_path / "two.zip", seed=0).seeds == (2, 9)  # the file's
 
 
 def test_group_seeds_from_hyperparameters():

@@ -424,11 +424,13 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
 
     def _refuse_group_evaluation(self, callback: Any) -> None:
         """Refuse SB3's EvalCallback for a group before ``learn`` changes anything: it evaluates
-        ``model.predict``, which acts for one seed named by ``seed_index``."""
+        ``model.predict``, which acts for one seed named by ``seed_index``. An EvalCallback that says
+        ``evaluates_every_seed = True`` evaluates ``seed_model(i)`` itself (rl_zoo3's, in ``zoo.seeds``)."""
         if self.seeds is None:
             return
         given = callback if isinstance(callback, list) else [callback]
-        if any(isinstance(c, EvalCallback) for root in given for c in walk_callbacks(root)):
+        found = [c for root in given for c in walk_callbacks(root)]
+        if any(isinstance(c, EvalCallback) and not getattr(c, "evaluates_every_seed", False) for c in found):
             raise ValueError(
                 f"EvalCallback evaluates model.predict, and a seed group (seeds {list(self.seeds)}) acts "
                 "for one seed at a time (predict(..., seed_index=i)). Evaluate each seed's model instead, "

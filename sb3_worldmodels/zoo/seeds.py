@@ -29,13 +29,15 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import sync_envs_normalization
 
+from sb3_worldmodels.common import safe_io
+from sb3_worldmodels.common.checkpoints import checkpoint_header
 from sb3_worldmodels.common.seed_group import interquartile_mean, seed_list
 from sb3_worldmodels.common.training import NonFiniteUpdateError
 
@@ -72,6 +74,19 @@ def group_seeds(hyperparams: dict[str, Any], base_seed: int) -> tuple[int, ...] 
 
 
 # ---------------------------------------------------------------------- building the model
+def saved_seed_list(path: Any) -> tuple[int, ...] | None | Literal[False]:
+    """The seeds of a checkpoint's group (None for a single-seed model), read from its JSON header
+    without loading it; False when the file cannot be read so (``load`` then says why)."""
+    what = safe_io.describe(path, "the checkpoint")
+    try:
+        members = safe_io.read_zip(path, what)
+        header = checkpoint_header(members["data"], what)
+        seeds = safe_io.decode(header["seeds"]) if header.get("seeds") is not None else None
+    except (KeyError, TypeError, ValueError):
+        return False
+    return None if seeds is None else tuple(int(s) for s in seeds)
+
+
 class GroupBuilder:
     """Stands for one of our algorithm classes in the zoo's experiment manager: called (a new model)
     with the group's seed list in place of the zoo's seed, ``load`` (``-i``, a resumed run) checks that
@@ -85,18 +100,20 @@ class GroupBuilder:
         return self.cls(*args, seed=seed if self.seeds is None else list(self.seeds), **kwargs)
 
     def load(self, path: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.seeds is not None:
-            kwargs.pop("seed", None)  # the file's seeds rule (and seed the envs, seed-major)
-        model = self.cls.load(path, *args, **kwargs)  # type: ignore[attr-defined]
-        saved = getattr(model, "seeds", None)
-        configured = self.seeds
-        if (saved is None) != (configured is None) or (saved and len(saved) != len(configured or ())):
+        """The model of a checkpoint, refused before loading when its seed count is not this run's
+        (the zoo built the env for this run's count)."""
+        saved, configured = saved_seed_list(path), self.seeds
+        if saved is not False and (
+            (saved is None) != (configured is None) or (saved and len(saved) != len(configured or ()))
+        ):
             raise ValueError(
                 f"{path} holds {'one seed' if saved is None else f'the seeds {list(saved)}'} but this run "
                 f"trains {'one seed' if configured is None else f'{len(configured)} seeds (n_seeds)'}: "
                 f"resume it with {'no n_seeds' if saved is None else f'n_seeds: {len(saved)}'}."
             )
-        return model
+        if configured is not None:
+            kwargs.pop("seed", None)  # the file's seeds rule (and seed the envs, seed-major)
+        return self.cls.load(path, *args, **kwargs)  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.cls, name)
@@ -159,6 +176,9 @@ class SeedGroupEvalCallback(EvalCallback):
     ``eval/mean_reward_iqm`` (the seeds' interquartile mean), ``eval/mean_ep_length`` and
     ``seed_<s>/eval/mean_reward``. ``evaluations.npz`` holds ``results`` and ``ep_lengths`` as
     (evaluations, seeds x episodes), seed-major, and ``seeds``."""
+
+    evaluates_every_seed = True
+    """A seed group accepts this EvalCallback (it refuses SB3's, which evaluates ``model.predict``)."""
 
     def _on_step(self) -> bool:
         seeds = getattr(self.model, "seeds", None)
