@@ -126,6 +126,13 @@ EXTENDED_TESTS = {
     "test_seeds_core.py::test_a_group_of_pixel_seeds_trains_and_acts_as_each_seed_alone": (
         "both cores' image updates compiled over seeds and alone"
     ),
+    "test_seeds_core.py::test_a_group_of_seeds_trains_as_each_seed_alone[dreamerv3-vector]": (
+        "DreamerV3's update compiled over seeds and alone (TD-MPC2's stays in the first tier)"
+    ),
+    "test_seeds_core.py::test_settings_per_seed_equal_single_seed_runs_and_every_field_reaches_the_program"
+    "[dreamerv3-vector]": (
+        "DreamerV3's update compiled over seeds and alone (TD-MPC2's stays in the first tier)"
+    ),
     "test_seed_groups.py::test_dreamerv3_group_seed_equals_single_seed_run": (
         "a group's and each seed's single-seed programs compiled and run side by side"
     ),
@@ -163,12 +170,16 @@ EXTENDED_TESTS = {
         "renderer subprocesses"
     ),
 }
-"""Single tests of the second tier (by ``file::function``, every parametrisation)."""
+"""Single tests of the second tier: ``file::function`` (every parametrisation) or ``file::function[id]``."""
 
 
 def _is_extended(item: pytest.Item) -> bool:
     name = getattr(item, "originalname", item.name)
-    return item.path.name in EXTENDED_FILES or f"{item.path.name}::{name}" in EXTENDED_TESTS
+    return (
+        item.path.name in EXTENDED_FILES
+        or f"{item.path.name}::{name}" in EXTENDED_TESTS
+        or f"{item.path.name}::{item.name}" in EXTENDED_TESTS
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
