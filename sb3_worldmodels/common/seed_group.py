@@ -23,6 +23,10 @@ The devices: on a host of several devices the seed axis is sharded over them
 (:func:`~sb3_worldmodels.blocks.devices.seed_placement`: S / D seeds on each of D devices, D the
 largest device count that divides S); the state, each call's stacked arguments and each training call's
 batches are placed along it, the programs run on every device at once and their outputs stay there.
+
+:class:`SeedLanes` is the part that does not depend on envs (the lanes, the seed axis on the devices,
+``seed_model``, ``seed_index`` and the counters in the checkpoint): :class:`SeedGroup` builds the
+online agents' groups on it, and ``TDMPC2MultiTask``'s offline groups use it alone.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -38,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.stats
 from stable_baselines3.common.callbacks import EvalCallback
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.utils import FloatSchedule, safe_mean
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
@@ -112,111 +117,86 @@ def _masked_training(core: Any) -> Any:
     return _MASKED_TRAINING[core]
 
 
-class SeedGroup(AgentHooks, OffPolicyAlgorithm):
-    """The group's side of the shell: its lanes, and the collection, training and logging steps that
-    run every lane's calls as one (a single-seed model has no lanes and skips all of it)."""
+def per_seed_values(given: Mapping[str, Any], defaults: Any) -> dict[str, tuple]:
+    """The settings of ``given`` ({name: value}) given one value per seed: {name: S values}. A list
+    (or tuple) given for a setting whose default (``defaults``' attribute, a default config) is a single
+    number is one value per seed; settings that are tuples by nature (e.g. ``cnn_mults``) are never
+    read so."""
+    found = {}
+    for name, value in given.items():
+        default = getattr(defaults, name, None)
+        if isinstance(value, (list, tuple)) and not isinstance(default, (list, tuple)):
+            found[name] = tuple(value)
+    return found
+
+
+def check_per_seed_values(per_seed: Mapping[str, tuple], seeds: tuple[int, ...] | None) -> None:
+    """Refuse per-seed values (:func:`per_seed_values`) without a seed list, or of another length."""
+    if not per_seed:
+        return
+    if seeds is None:
+        names = ", ".join(sorted(per_seed))
+        raise ValueError(
+            f"{names} given as a list (one value per seed) needs a list of seeds: pass seed=[...] "
+            "with as many seeds, or a single value."
+        )
+    wrong = {name: len(v) for name, v in per_seed.items() if len(v) != len(seeds)}
+    if wrong:
+        raise ValueError(f"One value per seed: {len(seeds)} seeds {list(seeds)}, but {wrong} values.")
+
+
+def record_seed_metrics(
+    logger: Logger, seeds: Sequence[int], per_seed: Sequence[Mapping[str, float]]
+) -> None:
+    """Each seed's training metrics ({key: value}; empty for a seed that did not train) as
+    ``seed_<seed>/train/<key>`` (not printed), their mean over the seeds that have them as
+    ``train/<key>`` (:func:`~sb3_worldmodels.common.training.aggregate_metric`)."""
+    means: dict[str, list[float]] = {}
+    for seed, metrics in zip(seeds, per_seed, strict=True):
+        for key, value in metrics.items():
+            logger.record(f"seed_{seed}/train/{key}", value, exclude="stdout")
+            means.setdefault(key, []).append(value)
+    for key, seed_values in means.items():
+        logger.record(f"train/{key}", aggregate_metric(key, np.asarray(seed_values)))
+
+
+class SeedLanes:
+    """What every seed group shares, online (:class:`SeedGroup`) or offline (``TDMPC2MultiTask``): one
+    lane per seed, an ordinary single-seed model of the group's class that keeps the seed's host side
+    and counters while the group holds the stacked state (``policy.state``); the seed axis on the
+    devices; one seed's model (:meth:`seed_model`) and calls (:meth:`_seed_call`); each seed's counters
+    in the group's checkpoint (:data:`SEED_COUNTERS`).
+
+    A class using it sets ``seeds`` (None for a single-seed model), ``_lanes``, ``_placement`` and
+    ``_predict_view``, and gives :meth:`_make_lane` and :meth:`_counter_names`."""
 
     _lanes: list[Any] | None
     _placement: SeedPlacement | None
     seeds: tuple[int, ...] | None
     policy: Any
-    _config: Any
-    _call_config: Any
-    seed_settings: Any
-    config_class: Any
-    _wm_callbacks: list[WorldModelCallback]
-    action_repeat: int
     _predict_view: tuple[int, int, Any] | None  # (state version, seed index, that seed's state)
 
-    # ------------------------------------------------------------------ set-up
     @property
     def n_seeds(self) -> int:
         """Seeds in this model (1 for a single-seed model)."""
         return 1 if self.seeds is None else len(self.seeds)
 
-    @property
-    def envs_per_seed(self) -> int:
-        return self.n_envs // self.n_seeds
-
-    def _lane_attributes(self) -> dict[str, Any]:
-        """What a lane takes from the group: the attributes a checkpoint keeps, less the group's own."""
-        excluded = {*self._excluded_save_params(), "seed", "seeds", "n_envs", "_lanes", "num_timesteps"}
-        return {k: v for k, v in self.__dict__.items() if k not in excluded}
-
-    def _per_seed_values(self) -> dict[str, tuple]:
-        """The hyperparameters given one value per seed: {name: S values}. A list (or tuple) given
-        for a setting whose default is a single number (a config float, or ``learning_rate``) is one
-        value per seed; settings that are tuples by nature (e.g. ``cnn_mults``) are never read so."""
-        defaults = self.config_class()
-        found = {}
-        for name in (*self.config_settings(), "learning_rate"):  # type: ignore[attr-defined]
-            value = getattr(self, name, None)
-            default = getattr(defaults, name, None)
-            if isinstance(value, (list, tuple)) and not isinstance(default, (list, tuple)):
-                found[name] = tuple(value)
-        return found
-
-    def _setup_lr_schedule(self) -> None:
-        """SB3's schedule; a group given one rate per seed keeps the first (each lane has its own)."""
-        rates = self._per_seed_values().get("learning_rate")
-        if rates is None:
-            super()._setup_lr_schedule()
-            return
-        self.lr_schedule = FloatSchedule(rates[0])
-
-    def _check_per_seed_values(self) -> None:
-        """Refuse per-seed values without a seed list, or of another length than it."""
-        per_seed = self._per_seed_values()
-        if not per_seed:
-            return
-        if self.seeds is None:
-            names = ", ".join(sorted(per_seed))
-            raise ValueError(
-                f"{names} given as a list (one value per seed) needs a list of seeds: pass seed=[...] "
-                "with as many seeds, or a single value."
-            )
-        wrong = {name: len(v) for name, v in per_seed.items() if len(v) != len(self.seeds)}
-        if wrong:
-            raise ValueError(
-                f"One value per seed: {len(self.seeds)} seeds {list(self.seeds)}, but {wrong} values."
-            )
-
-    def _group_call_config(self) -> Any:
-        """The config of the group's calls: the static config, with the float settings given per seed
-        traced per seed (the agent's ``seed_settings``, which refuses what cannot vary per seed)."""
-        settings = {k: list(v) for k, v in self._per_seed_values().items() if k != "learning_rate"}
-        if not settings:
-            return self._config
-        return self.seed_settings(self._config, settings)
-
     def _make_lane(self, index: int, counters: dict[str, Any] | None = None) -> Any:
-        """The single-seed model of the ``index``-th seed (no envs), set up as a loaded model is, with
-        ``counters`` (:meth:`_lane_counters`) when it continues a seed's run."""
-        assert self.seeds is not None
-        lane = type(self)(policy=type(self.policy), env=None, _init_setup_model=False)  # type: ignore[call-arg,arg-type]
-        lane.__dict__.update(self._lane_attributes())
-        lane.seed = self.seeds[index]
-        for name, values in self._per_seed_values().items():
-            setattr(lane, name, values[index])
-        lane.seeds = None
-        lane._lanes = None
-        lane.n_envs = self.envs_per_seed
-        lane.num_timesteps = 0
-        lane.__dict__.update(counters or {})
-        lane._setup_model()
-        return lane
+        """The single-seed model of the ``index``-th seed, with ``counters`` (:meth:`_lane_counters`)
+        when it continues a seed's run."""
+        raise NotImplementedError
 
     def _counter_names(self) -> tuple[str, ...]:
-        return (*LANE_COUNTERS, *self.schedule_attributes)
+        """The attributes that a lane counts for its seed, saved per seed."""
+        raise NotImplementedError
 
     def _lane_counters(self, lane: Any) -> dict[str, Any]:
-        """A copy of what ``lane`` counts for its seed (steps, updates, schedule, episode statistics)."""
+        """A copy of what ``lane`` counts for its seed (steps, updates, schedule, statistics, ...)."""
         return {name: copy.deepcopy(getattr(lane, name)) for name in self._counter_names()}
 
-    def _make_lanes(self) -> list[Any]:
-        """The lanes of a group being set up: fresh, or continuing the counters a checkpoint saved
-        per seed (``_seed_counters``, taken off the group)."""
-        self._check_group_env()
+    def _saved_lane_counters(self) -> list[dict[str, Any]] | None:
+        """The per-seed counters a checkpoint saved (``_seed_counters``, taken off the group), checked
+        against this group; None when there are none."""
         saved = self.__dict__.pop(SEED_COUNTERS, None)
         if saved is not None:
             names = set(self._counter_names())
@@ -230,14 +210,13 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
                     f"{self.n_seeds} seeds of {type(self).__name__} (one dict of {sorted(names)} per seed): "
                     "the file was not written by this group's save()."
                 )
-        return [self._make_lane(i, None if saved is None else saved[i]) for i in range(self.n_seeds)]
+        return saved
 
-    def _check_group_env(self) -> None:
-        if self.seeds is not None and self.n_envs % len(self.seeds):
-            raise ValueError(
-                f"A group of {len(self.seeds)} seeds needs n_envs envs per seed (seed-major): the VecEnv has "
-                f"{self.n_envs} envs, not a multiple of {len(self.seeds)}."
-            )
+    def _make_lanes(self) -> list[Any]:
+        """The lanes of a group being set up: fresh, or continuing the counters a checkpoint saved
+        per seed."""
+        saved = self._saved_lane_counters()
+        return [self._make_lane(i, None if saved is None else saved[i]) for i in range(self.n_seeds)]
 
     def _build_group_state(self) -> dict[str, Any]:
         """The lanes' states stacked along a leading seed axis (the lanes keep none)."""
@@ -268,17 +247,6 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         if self._placement is None:
             return tree_slice(self.policy.state, index)
         return self._placement.slice(self.policy.state, index)
-
-    def set_random_seed(self, seed: Any = None) -> None:
-        """SB3's seeding; for a group, Python's, numpy's and torch's generators take the first seed, and
-        each seed's envs are seeded as a single-seed model seeds them (seed + env index); the seeds go to
-        the innermost VecEnv, the one whose ``reset`` reads them, under any VecEnvWrapper."""
-        if self.seeds is None:
-            super().set_random_seed(seed)
-            return
-        super().set_random_seed(self.seeds[0])
-        if self.env is not None:
-            self.env.unwrapped._seeds = [s + j for s in self.seeds for j in range(self.envs_per_seed)]
 
     def seed_model(self, index: int) -> Any:
         """An ordinary single-seed model of the ``index``-th seed (of the same class, without envs or
@@ -335,6 +303,104 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         finally:
             lane.policy.state = None
 
+    # ------------------------------------------------------------------ files
+    def _checkpoint_attributes(self, exclude: Any, include: Any) -> dict[str, Any]:
+        attributes = super()._checkpoint_attributes(exclude, include)  # type: ignore[misc]
+        if self._lanes is not None:
+            attributes[SEED_COUNTERS] = [self._lane_counters(lane) for lane in self._lanes]
+        return attributes
+
+
+class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
+    """The group's side of the shell: its lanes, and the collection, training and logging steps that
+    run every lane's calls as one (a single-seed model has no lanes and skips all of it)."""
+
+    _config: Any
+    _call_config: Any
+    seed_settings: Any
+    config_class: Any
+    _wm_callbacks: list[WorldModelCallback]
+    action_repeat: int
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def envs_per_seed(self) -> int:
+        return self.n_envs // self.n_seeds
+
+    def _lane_attributes(self) -> dict[str, Any]:
+        """What a lane takes from the group: the attributes a checkpoint keeps, less the group's own."""
+        excluded = {*self._excluded_save_params(), "seed", "seeds", "n_envs", "_lanes", "num_timesteps"}
+        return {k: v for k, v in self.__dict__.items() if k not in excluded}
+
+    def _per_seed_values(self) -> dict[str, tuple]:
+        """The hyperparameters given one value per seed: {name: S values}. A list (or tuple) given
+        for a setting whose default is a single number (a config float, or ``learning_rate``) is one
+        value per seed (:func:`per_seed_values`)."""
+        names = (*self.config_settings(), "learning_rate")  # type: ignore[attr-defined]
+        return per_seed_values({name: getattr(self, name, None) for name in names}, self.config_class())
+
+    def _setup_lr_schedule(self) -> None:
+        """SB3's schedule; a group given one rate per seed keeps the first (each lane has its own)."""
+        rates = self._per_seed_values().get("learning_rate")
+        if rates is None:
+            super()._setup_lr_schedule()
+            return
+        self.lr_schedule = FloatSchedule(rates[0])
+
+    def _check_per_seed_values(self) -> None:
+        """Refuse per-seed values without a seed list, or of another length than it."""
+        check_per_seed_values(self._per_seed_values(), self.seeds)
+
+    def _group_call_config(self) -> Any:
+        """The config of the group's calls: the static config, with the float settings given per seed
+        traced per seed (the agent's ``seed_settings``, which refuses what cannot vary per seed)."""
+        settings = {k: list(v) for k, v in self._per_seed_values().items() if k != "learning_rate"}
+        if not settings:
+            return self._config
+        return self.seed_settings(self._config, settings)
+
+    def _make_lane(self, index: int, counters: dict[str, Any] | None = None) -> Any:
+        """The single-seed model of the ``index``-th seed (no envs), set up as a loaded model is, with
+        ``counters`` (:meth:`_lane_counters`) when it continues a seed's run."""
+        assert self.seeds is not None
+        lane = type(self)(policy=type(self.policy), env=None, _init_setup_model=False)  # type: ignore[call-arg,arg-type]
+        lane.__dict__.update(self._lane_attributes())
+        lane.seed = self.seeds[index]
+        for name, values in self._per_seed_values().items():
+            setattr(lane, name, values[index])
+        lane.seeds = None
+        lane._lanes = None
+        lane.n_envs = self.envs_per_seed
+        lane.num_timesteps = 0
+        lane.__dict__.update(counters or {})
+        lane._setup_model()
+        return lane
+
+    def _counter_names(self) -> tuple[str, ...]:
+        return (*LANE_COUNTERS, *self.schedule_attributes)
+
+    def _make_lanes(self) -> list[Any]:
+        self._check_group_env()
+        return super()._make_lanes()
+
+    def _check_group_env(self) -> None:
+        if self.seeds is not None and self.n_envs % len(self.seeds):
+            raise ValueError(
+                f"A group of {len(self.seeds)} seeds needs n_envs envs per seed (seed-major): the VecEnv has "
+                f"{self.n_envs} envs, not a multiple of {len(self.seeds)}."
+            )
+
+    def set_random_seed(self, seed: Any = None) -> None:
+        """SB3's seeding; for a group, Python's, numpy's and torch's generators take the first seed, and
+        each seed's envs are seeded as a single-seed model seeds them (seed + env index); the seeds go to
+        the innermost VecEnv, the one whose ``reset`` reads them, under any VecEnvWrapper."""
+        if self.seeds is None:
+            super().set_random_seed(seed)
+            return
+        super().set_random_seed(self.seeds[0])
+        if self.env is not None:
+            self.env.unwrapped._seeds = [s + j for s in self.seeds for j in range(self.envs_per_seed)]
+
     def predict_rollout(
         self,
         observation: Any,
@@ -350,12 +416,6 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         return self._seed_call(seed_index, "predict_rollout", observation, actions, state, episode_start)
 
     # ------------------------------------------------------------------ files and envs
-    def _checkpoint_attributes(self, exclude: Any, include: Any) -> dict[str, Any]:
-        attributes = super()._checkpoint_attributes(exclude, include)  # type: ignore[misc]
-        if self._lanes is not None:
-            attributes[SEED_COUNTERS] = [self._lane_counters(lane) for lane in self._lanes]
-        return attributes
-
     def _policy_file_contents(self) -> tuple[str, dict[str, Any], dict[str, Any]]:
         if self.seeds is not None:
             raise ValueError(
@@ -577,17 +637,13 @@ class SeedGroup(AgentHooks, OffPolicyAlgorithm):
         """Each seed's metrics as ``seed_<seed>/train/<key>`` (not printed), their mean over the seeds
         as ``train/<key>``; callbacks get every update's metrics averaged over the seeds that ran it."""
         assert self.seeds is not None
-        means: dict[str, list[float]] = {}
-        for seed, calls in zip(self.seeds, per_seed, strict=True):
-            if not calls:
-                continue
-            stacked = {key: np.concatenate([m[key] for m in calls]) for key in calls[0]}
-            for key, values in stacked.items():
-                value = aggregate_metric(key, values)
-                self.logger.record(f"seed_{seed}/train/{key}", value, exclude="stdout")
-                means.setdefault(key, []).append(value)
-        for key, seed_values in means.items():
-            self.logger.record(f"train/{key}", aggregate_metric(key, np.asarray(seed_values)))
+        seed_metrics = [
+            {key: aggregate_metric(key, np.concatenate([m[key] for m in calls])) for key in calls[0]}
+            if calls
+            else {}
+            for calls in per_seed
+        ]
+        record_seed_metrics(self.logger, self.seeds, seed_metrics)
         if self._wm_callbacks:
             for metrics in _update_means(per_seed):
                 for cb in self._wm_callbacks:
