@@ -157,6 +157,21 @@ EXTENDED_TESTS = {
     "test_seed_groups.py::test_dreamerv3_group_split_by_save_and_load_equals_the_whole_run": (
         "a DreamerV3 group's update compiled and run three times over"
     ),
+    "test_tdmpc2_multitask_seeds.py::test_each_seed_of_a_multitask_group_equals_its_single_seed_model": (
+        "a multi-task group's and each seed's single-seed programs compiled and run side by side"
+    ),
+    "test_tdmpc2_multitask_seeds.py::test_settings_per_seed_equal_single_seed_models_with_those_settings": (
+        "a multi-task group's and each seed's single-seed programs compiled and run side by side"
+    ),
+    "test_tdmpc2_multitask_seeds.py::test_a_group_is_evaluated_seed_by_seed": (
+        "a multi-task group's update compiled, every seed's episodes planned"
+    ),
+    "test_tdmpc2_multitask_seeds.py::test_every_seed_of_a_group_starts_from_a_reference_checkpoint": (
+        "size-1 models of the recorded reference built per seed"
+    ),
+    "test_devices.py::test_a_multitask_group_sharded_over_4_devices_equals_it_on_one": (
+        "a multi-task group compiled and run in two fresh processes, on 4 devices and on 1"
+    ),
     "test_devices.py::test_a_tdmpc2_group_sharded_over_4_devices_equals_it_on_one": (
         "a group compiled and run in two fresh processes, on 4 devices and on 1"
     ),

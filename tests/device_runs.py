@@ -5,7 +5,8 @@ device count is fixed when JAX starts).
 
 writes the model's state leaves after the run (``leaf_<i>``, in tree order) and prints one JSON line
 of facts about where they lived. Scenarios: ``tdmpc2_group`` (4 seeds), ``dreamerv3_group`` (2 seeds),
-``data_parallel`` (one TD-MPC2 model with ``data_parallel=True``).
+``data_parallel`` (one TD-MPC2 model with ``data_parallel=True``), ``multitask_group`` (a
+``TDMPC2MultiTask`` of 4 seeds trained on a small pool written next to ``OUT.npz``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,20 @@ def main(scenario: str, n_devices: int, out: str) -> None:
         elif scenario == "dreamerv3_group":
             model = DreamerV3("CartPole-v1", n_envs=2, seed=[3, 7], **DREAMER_SMOKE)
             model.learn(40)
+        elif scenario == "multitask_group":
+            from pathlib import Path
+
+            from sb3_worldmodels import TDMPC2MultiTask
+            from tests.test_tdmpc2_multitask import two_task_pool
+
+            folder = Path(out).with_suffix("")
+            folder.mkdir()
+            settings = {k: v for k, v in TDMPC2_SMOKE.items() if k not in ("model_size", "batch_size")}
+            model = TDMPC2MultiTask(two_task_pool(folder), 1, 16, task_dim=8, seed=[0, 1, 2, 3], **settings)
+            model.learn(3)
+            # Steady state: each update's batches go to the seeds' devices, nothing moves between them.
+            with jax.transfer_guard_device_to_device("disallow_explicit"):
+                model.learn(2, reset_num_timesteps=False)
         elif scenario == "data_parallel":
             model = TDMPC2(pendulum(1), seed=0, data_parallel=True, **{**TDMPC2_SMOKE, "seed_steps": 25})
             model.learn(27)

@@ -78,6 +78,17 @@ def test_a_dreamerv3_group_of_2_seeds_on_a_host_of_4_devices_equals_it_on_one(tm
     assert_leaves_close(sharded_leaves, single_leaves)
 
 
+def test_a_multitask_group_sharded_over_4_devices_equals_it_on_one(tmp_path):
+    """TDMPC2MultiTask with 4 seeds, one on each device: its updates (each seed's windows sent to its
+    device) end as on one device, the state sharded along the seeds."""
+    sharded, sharded_leaves, single, single_leaves = run_on_4_and_1_devices("multitask_group", tmp_path)
+    assert sharded["shardings"] == ["P('seeds',) over 4"]
+    assert single["shardings"] == ["single over 1"]
+    assert sharded["warnings"] == single["warnings"] == []
+    assert sharded["n_updates"] == single["n_updates"] == 5
+    assert_leaves_close(sharded_leaves, single_leaves)
+
+
 def test_data_parallel_updates_equal_the_one_device_updates(tmp_path):
     """One TD-MPC2 model, its batch of 16 split over 4 devices (4 rows each), its state replicated."""
     sharded, sharded_leaves, single, single_leaves = run_on_4_and_1_devices("data_parallel", tmp_path)

@@ -317,17 +317,22 @@ class _LinearTask(gym.Env):
         return self._obs.copy(), float(self._obs[0]), False, self._t >= 10, {}
 
 
-@pytest.fixture(scope="module")
-def small_pool(tmp_path_factory):
+def two_task_pool(folder):
+    """A small pool in ``folder``: tasks "up" (obs 3 / action 1) and "down" (obs 5 / action 2), four
+    20-step episodes each."""
     from sb3_worldmodels import pool_tasks
 
-    folder = tmp_path_factory.mktemp("mt")
     rng = np.random.default_rng(1)
     sources = {
         "up": _write_export(folder / "up.npz", rng, 3, 1, 4, 20, lambda o, a: o[0]),
         "down": _write_export(folder / "down.npz", rng, 5, 2, 4, 20, lambda o, a: -o[0] + a[1]),
     }
     return pool_tasks(sources, folder / "pool")
+
+
+@pytest.fixture(scope="module")
+def small_pool(tmp_path_factory):
+    return two_task_pool(tmp_path_factory.mktemp("mt"))
 
 
 def _tiny_multitask(pool, **kwargs):

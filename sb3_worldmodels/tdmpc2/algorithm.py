@@ -223,6 +223,11 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
         :param env: an env (or VecEnv, or id) with the task's own spaces: Box observations of the
             task's width (or a Dict that flattens to it) and its number of actions.
         """
+        if model.seeds is not None:
+            raise ValueError(
+                f"from_multitask takes one model; this is a seed group (seeds {list(model.seeds)}): pass "
+                "one seed's model, group.seed_model(i)."
+            )
         k = model.task_id(task)
         c = model.config
         inherited = {

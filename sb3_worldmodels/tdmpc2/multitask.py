@@ -9,14 +9,19 @@ It is an SB3 algorithm of the package's family: ``learn(n)`` runs ``n`` gradient
 (``num_timesteps`` counts updates) with SB3's callbacks, logger and progress bar; ``save``/``load``
 use the checkpoint format of ``DreamerV3`` and ``TDMPC2`` (:mod:`sb3_worldmodels.common.checkpoints`);
 ``predict`` plans for one named task with the family's key rule; ``evaluate`` runs each task's env.
+
+A list of seeds makes a seed group (:class:`~sb3_worldmodels.common.seed_group.SeedLanes`): one state
+with a leading seed axis, one jitted update call for all seeds, each seed sampling its own windows
+from the same pool with its own generator, as a single-seed model with that seed does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +35,22 @@ from stable_baselines3.common.callbacks import BaseCallback, ProgressBarCallback
 from stable_baselines3.common.type_aliases import MaybeCallback
 from stable_baselines3.common.utils import configure_logger
 
+from sb3_worldmodels.blocks.seeds import stack_trees
 from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.checkpoints import STATE_PREFIX, Checkpointing
 from sb3_worldmodels.common.policy import JaxPolicy
 from sb3_worldmodels.common.predict import check_carried_state, check_predict_args, predict_keys
+from sb3_worldmodels.common.seed_group import (
+    SeedLanes,
+    check_per_seed_values,
+    per_seed_values,
+    record_seed_metrics,
+    seed_list,
+)
 from sb3_worldmodels.data.pool import TaskPool, load_pool
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks
-from sb3_worldmodels.tdmpc2.config import TDMPC2Config, preset
+from sb3_worldmodels.tdmpc2.config import TDMPC2Config, check_config, preset, seed_settings
 from sb3_worldmodels.tdmpc2.upgrade import EarlierCheckpoints
 
 _DMC_TASKS = (
@@ -141,13 +154,33 @@ class MultiTaskEvalCallback(BaseCallback):
         return True
 
     def evaluate(self) -> dict[str, float]:
-        """Evaluate now, log and keep the scores."""
-        scores = self._multitask.evaluate(self.envs, self.n_eval_episodes, self.deterministic)
+        """Evaluate now, log and keep the scores. A seed group's seeds are each evaluated: their
+        scores are logged as ``seed_<seed>/eval/...`` (not printed) and kept as ``seed_<seed>/<task>``
+        and ``seed_<seed>/mean``; ``eval/...`` and the task keys are the means over the seeds."""
+        model = self._multitask
+        if model.seeds is None:
+            scores = model.evaluate(self.envs, self.n_eval_episodes, self.deterministic)
+            per_seed: dict[str, float] = {}
+        else:
+            each = [
+                model.evaluate(self.envs, self.n_eval_episodes, self.deterministic, seed_index=i)
+                for i in range(model.n_seeds)
+            ]
+            scores = {name: float(np.mean([seed_scores[name] for seed_scores in each])) for name in each[0]}
+            per_seed = {
+                f"seed_{seed}/{name}": score
+                for seed, seed_scores in zip(model.seeds, each, strict=True)
+                for name, score in seed_scores.items()
+            }
+            for key, score in per_seed.items():
+                seed, name = key.split("/", 1)
+                metric = "eval/mean_reward" if name == "mean" else f"eval/{name}/mean_reward"
+                self.logger.record(f"{seed}/{metric}", score, exclude="stdout")
         for name, score in scores.items():
             self.logger.record("eval/mean_reward" if name == "mean" else f"eval/{name}/mean_reward", score)
         self.logger.record("eval/n_updates", self.num_timesteps)
         self.logger.dump(self.num_timesteps)
-        self.evaluations.append({"updates": float(self.num_timesteps), **scores})
+        self.evaluations.append({"updates": float(self.num_timesteps), **scores, **per_seed})
         if self.verbose:
             print(
                 f"Eval after {self.num_timesteps} updates: "
@@ -156,7 +189,7 @@ class MultiTaskEvalCallback(BaseCallback):
         return scores
 
 
-class TDMPC2MultiTask(EarlierCheckpoints, Checkpointing, BaseAlgorithm):
+class TDMPC2MultiTask(SeedLanes, EarlierCheckpoints, Checkpointing, BaseAlgorithm):
     """One TD-MPC2 model for the tasks of a pool, trained offline.
 
     :param data: a :class:`~sb3_worldmodels.data.pool.TaskPool` or the path of one; its tasks,
@@ -165,57 +198,78 @@ class TDMPC2MultiTask(EarlierCheckpoints, Checkpointing, BaseAlgorithm):
     :param batch_size: windows per update (the reference's default 256; its multi-task examples 1024).
     :param learning_rate: of both Adams (the encoder's scaled by ``enc_lr_scale``).
     :param task_dim: embedding width; default :func:`reference_settings`.
-    :param seed: seeds the parameters, the update noise and the window sampling.
+    :param seed: seeds the parameters, the update noise and the window sampling. A list of seeds makes
+        a seed group: seed ``i`` of it trains as a single-seed model with seed ``i``, all in one program
+        (``seed_model(i)`` is that model; ``predict`` and ``evaluate`` take ``seed_index=i``).
     :param config_overrides: other :class:`~sb3_worldmodels.tdmpc2.config.TDMPC2Config` fields.
+
+    A group takes one value per seed (a list as long as the seed list) for ``learning_rate`` and the
+    float fields that do not change a compiled shape (``consistency_coef=[20.0, 5.0]``); the others are
+    refused with the reason (:func:`~sb3_worldmodels.tdmpc2.config.seed_settings`).
 
     The model's ``observation_space`` and ``action_space`` are the padded widths (the widest task's);
     ``predict`` takes and returns each task's own.
     """
 
     policy: JaxPolicy
+    per_seed_settings: dict[str, list[float]]
+    """The settings given one value per seed ({name: one value per seed}; empty for one seed)."""
 
     def __init__(
         self,
         data: TaskPool | str | os.PathLike[str] | None,
         model_size: int = 1,
         batch_size: int = 256,
-        learning_rate: float = 3e-4,
+        learning_rate: float | Sequence[float] = 3e-4,
         task_dim: int | None = None,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
         verbose: int = 0,
         tensorboard_log: str | None = None,
         _spec: tuple[TDMPC2Config, tuple[str, ...], tuple[int, ...]] | None = None,
         **config_overrides: Any,
     ) -> None:
         pool = None if data is None else _as_pool(data)
+        seeds = seed_list(seed)
+        given = {"learning_rate": learning_rate, "batch_size": batch_size, "task_dim": task_dim}
+        per_seed = per_seed_values({**given, **config_overrides}, TDMPC2Config())
+        check_per_seed_values(per_seed, seeds)
         if _spec is None:  # (config, task names, their observation widths): given when loading
             if pool is None:
                 raise ValueError("TDMPC2MultiTask needs data: a TaskPool or its path (see pool_tasks).")
-            settings = {**reference_settings(pool.tasks, model_size), **config_overrides}
-            if task_dim is not None:
-                settings["task_dim"] = task_dim
+            # A setting given per seed builds the config with its first value (each seed's is its own).
+            settings = {**given, **config_overrides, **{name: v[0] for name, v in per_seed.items()}}
+            rate, batch, width = (settings.pop(name) for name in given)
+            settings = {**reference_settings(pool.tasks, model_size), **settings}
+            if width is not None:
+                settings["task_dim"] = width
             config = preset(
                 model_size,
                 obs_dim=pool.obs_dim,
                 action_dim=pool.action_dim,
-                batch_size=batch_size,
-                learning_rate=learning_rate,
+                batch_size=batch,
+                learning_rate=rate,
                 action_dims=pool.action_dims,
                 episode_lengths=pool.episode_lengths,
                 **settings,
             )
             _spec = (config, pool.tasks, pool.obs_dims)
+        if seeds is not None:
+            seed_value: Any = list(seeds)
+        else:
+            seed_value = int(np.random.default_rng().integers(2**31)) if seed is None else int(seed)  # type: ignore[arg-type]
         super().__init__(
             policy=JaxPolicy,
             env=None,
-            learning_rate=learning_rate,
+            learning_rate=learning_rate,  # type: ignore[arg-type]
             tensorboard_log=tensorboard_log,
             verbose=verbose,
             device="cpu",
-            seed=int(np.random.default_rng().integers(2**31)) if seed is None else int(seed),
+            seed=seed_value,
         )
         self.config, self.tasks, self._obs_dims = _spec
         self.model_size = model_size
+        self.seeds = seeds
+        self.per_seed_settings = {name: list(values) for name, values in per_seed.items()}
         self.observation_space = spaces.Box(-np.inf, np.inf, (self.config.obs_dim,), np.float32)
         self.action_space = spaces.Box(-1.0, 1.0, (self.config.action_dim,), np.float32)
         self.pool: TaskPool | None = None
@@ -224,17 +278,68 @@ class TDMPC2MultiTask(EarlierCheckpoints, Checkpointing, BaseAlgorithm):
             self._attach(pool)
 
     def _setup_model(self) -> None:
-        """The policy holding the agent's state (from the seed) and predict's key stream."""
-        assert self.seed is not None
+        """The policy holding the agent's state (from the seed) and predict's key stream; for a seed
+        group, every seed's stacked (each built as that seed's single-seed model builds it)."""
         self.policy = JaxPolicy(self.observation_space, self.action_space)
-        agent = core.init_state(self.config, jax.random.PRNGKey(self.seed))
-        self.policy.state = {"agent": agent, "predict_key": jax.random.PRNGKey(self.seed + 1)}
-        self._rng = np.random.default_rng(self.seed)  # the windows' sampling
         self._predict_calls = 0
+        self._predict_view = None
+        if self.seeds is None:
+            assert self.seed is not None
+            self._lanes, self._placement = None, None
+            agent = core.init_state(self.config, jax.random.PRNGKey(self.seed))
+            self.policy.state = {"agent": agent, "predict_key": jax.random.PRNGKey(self.seed + 1)}
+            self._rng: np.random.Generator | None = np.random.default_rng(self.seed)  # the windows' sampling
+            return
+        self._call_config = self._group_call_config()  # refuses what cannot vary per seed
+        for index in range(self.n_seeds):  # each seed's values checked before any seed is built
+            self._lane_config(index)
+        self._lanes = self._make_lanes()
+        self.policy.state = self._build_group_state()
+        self._rng = None  # each seed's lane samples its own windows
+
+    # ------------------------------------------------------------------ seeds
+    def _group_call_config(self) -> Any:
+        """The config of the group's update: the float settings given per seed traced per seed (the
+        learning rate lives in each seed's optimiser states)."""
+        settings = {name: v for name, v in self.per_seed_settings.items() if name != "learning_rate"}
+        return seed_settings(self.config, settings) if settings else self.config
+
+    def _lane_config(self, index: int) -> TDMPC2Config:
+        """The ``index``-th seed's config: the group's with that seed's values of the per-seed settings."""
+        values: dict[str, Any] = {name: v[index] for name, v in self.per_seed_settings.items()}
+        if not values:
+            return self.config
+        try:
+            return check_config(dataclasses.replace(self.config, **values))
+        except ValueError as error:
+            raise ValueError(f"per-seed settings, seed index {index}: {error}") from error
+
+    def _make_lane(self, index: int, counters: dict[str, Any] | None = None) -> TDMPC2MultiTask:
+        """The single-seed model of the ``index``-th seed, at the group's update count, with the pool
+        and ``counters`` (its window sampler and predict stream) when it continues the seed's run."""
+        assert self.seeds is not None
+        config = self._lane_config(index)
+        lane = type(self)(
+            None,
+            self.model_size,
+            learning_rate=config.learning_rate,
+            seed=self.seeds[index],
+            verbose=self.verbose,
+            tensorboard_log=self.tensorboard_log,
+            _spec=(config, self.tasks, self._obs_dims),
+        )
+        lane.pool = self.pool
+        lane.num_timesteps, lane._n_updates = self.num_timesteps, self._n_updates
+        lane.__dict__.update(counters or {})
+        return lane
+
+    def _counter_names(self) -> tuple[str, ...]:
+        return ("_rng", "_predict_calls")
 
     @property
     def state(self) -> core.TDMPC2State:
-        """The agent's state (parameters, optimiser states, update count)."""
+        """The agent's state (parameters, optimiser states, update count); a seed group's leaves have a
+        leading seed axis."""
         return self.policy.state["agent"]
 
     @state.setter
@@ -291,6 +396,8 @@ class TDMPC2MultiTask(EarlierCheckpoints, Checkpointing, BaseAlgorithm):
         total_timesteps, callback = self._setup_learn(
             int(total_timesteps), callback, reset_num_timesteps, tb_log_name, progress_bar
         )
+        if self._lanes is not None:  # a state loaded or set since is not placed yet
+            self.state = self._on_devices(self.state)
         callback.on_training_start(locals(), globals())
         while self.num_timesteps < total_timesteps:
             metrics = self._update()
@@ -334,15 +441,32 @@ class TDMPC2MultiTask(EarlierCheckpoints, Checkpointing, BaseAlgorithm):
         return super()._init_callback(callback, progress_bar=False)
 
     def _update(self) -> dict[str, Any]:
+        """One update (of every seed, in one call for a group): metrics (K=1,), a group's (S, 1)."""
         assert self.pool is not None
-        sample = self.pool.sample(self._rng, self.config.batch_size, self.config.horizon)
-        batch = {k: jnp.asarray(v[None]) for k, v in sample.items()}  # one update per call: K = 1
-        self.state, metrics = core.train_many_jit(self.config, self.state, batch)
+        c = self.config
+        if self._lanes is None:
+            assert self._rng is not None
+            sample = self.pool.sample(self._rng, c.batch_size, c.horizon)
+            batch = {k: jnp.asarray(v[None]) for k, v in sample.items()}  # one update per call: K = 1
+            self.state, metrics = core.train_many_jit(c, self.state, batch)
+            return metrics
+        # Each seed's windows from its own sampler, as its single-seed model draws them: (S, K=1, ...).
+        samples = [self.pool.sample(lane._rng, c.batch_size, c.horizon) for lane in self._lanes]
+        batch = stack_trees([{k: v[None] for k, v in sample.items()} for sample in samples])
+        batch = jax.tree_util.tree_map(jnp.asarray, self._on_devices(batch))
+        self.state, metrics = core.train_many_jit.over_seeds(self._call_config)(self.state, batch)
         return metrics
 
     def _record(self, metrics: Mapping[str, Any]) -> None:
-        for name, value in metrics.items():
-            self.logger.record(f"train/{name}", float(np.asarray(value)[-1]))
+        """The last update's metrics as ``train/<key>``; a group's per seed as ``seed_<seed>/train/<key>``
+        and their mean over the seeds as ``train/<key>``."""
+        values = {name: np.asarray(value) for name, value in metrics.items()}
+        if self.seeds is None:
+            for name, value in values.items():
+                self.logger.record(f"train/{name}", float(value[-1]))
+        else:
+            per_seed = [{name: float(v[i, -1]) for name, v in values.items()} for i in range(self.n_seeds)]
+            record_seed_metrics(self.logger, self.seeds, per_seed)
         self.logger.record("train/n_updates", self.num_timesteps)
         self.logger.dump(self.num_timesteps)
 
@@ -354,12 +478,18 @@ class TDMPC2MultiTask(EarlierCheckpoints, Checkpointing, BaseAlgorithm):
         state: tuple[np.ndarray, ...] | None = None,
         episode_start: np.ndarray | None = None,
         deterministic: bool = False,
+        seed_index: int | None = None,
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         """Plan for ``task``: observation (O_task,) or (n, O_task) → action (A_task,) or (n, A_task),
         and the state (plan mean (n, H, A),) for the next call (a restart where ``episode_start``).
         ``deterministic`` is the reference's eval mode (no exploration noise on the chosen action);
         its keys follow the family's rule (:func:`~sb3_worldmodels.common.predict.predict_keys`):
-        the same inputs give the same action, before and after ``save``/``load``."""
+        the same inputs give the same action, before and after ``save``/``load``. A seed group plans
+        for the seed of index ``seed_index`` (required), as ``seed_model(seed_index)``."""
+        if seed_index is not None or self.seeds is not None:
+            return self._seed_call(
+                seed_index, "predict", observation, task, state, episode_start, deterministic
+            )
         k = self.task_id(task)
         obs = np.asarray(observation, np.float32)
         single = obs.ndim == 1
@@ -405,11 +535,18 @@ class TDMPC2MultiTask(EarlierCheckpoints, Checkpointing, BaseAlgorithm):
         return (action[0] if single else action), (np.asarray(mean),)
 
     def evaluate(
-        self, envs: Mapping[str, gym.Env], n_eval_episodes: int = 5, deterministic: bool = True
+        self,
+        envs: Mapping[str, gym.Env],
+        n_eval_episodes: int = 5,
+        deterministic: bool = True,
+        seed_index: int | None = None,
     ) -> dict[str, float]:
         """Mean return of ``n_eval_episodes`` planned episodes per task (``envs``: task name → env
         with that task's spaces) and their mean over the tasks, ``"mean"`` (as the reference's
-        trainer logs them, offline_trainer.py:24-39@b67b21c)."""
+        trainer logs them, offline_trainer.py:24-39@b67b21c). A seed group evaluates the seed of
+        index ``seed_index`` (required), as ``seed_model(seed_index)``."""
+        if seed_index is not None or self.seeds is not None:
+            return self._seed_call(seed_index, "evaluate", envs, n_eval_episodes, deterministic)
         scores: dict[str, float] = {}
         for name, env in envs.items():
             k = self.task_id(name)
@@ -458,7 +595,8 @@ class TDMPC2MultiTask(EarlierCheckpoints, Checkpointing, BaseAlgorithm):
         """A model of the reference's multi-task agent: ``checkpoint`` is its file (``torch.save`` of
         ``{"model": WorldModel.state_dict()}``, read with ``weights_only=True``) or the state dict;
         ``data`` the pool of its tasks, in the order of its embedding rows (e.g. :data:`TASK_SETS`),
-        which gives their widths, action dims and episode lengths. The optimiser states start fresh."""
+        which gives their widths, action dims and episode lengths. The optimiser states start fresh.
+        With a list of seeds, every seed of the group starts from the checkpoint's parameters."""
         from sb3_worldmodels.tdmpc2.reference_weights import params_from_state_dict
 
         sd = checkpoint if isinstance(checkpoint, Mapping) else _read_reference_checkpoint(checkpoint)
@@ -472,20 +610,35 @@ class TDMPC2MultiTask(EarlierCheckpoints, Checkpointing, BaseAlgorithm):
                 "pool of its tasks, in its order."
             )
         params, target = params_from_state_dict(sd)
-        if not (
-            networks.same_layout(params, model.state.params)
-            and networks.same_layout(target, model.state.target_qs)
-        ):
+        one = model.state if model._lanes is None else model._seed_slice(0)["agent"]
+        if not (networks.same_layout(params, one.params) and networks.same_layout(target, one.target_qs)):
             raise ValueError(
                 f"the checkpoint's layers do not have the shapes of a size-{model_size} model for this pool "
                 "(padded widths, action dims, task_dim): check model_size and the pool's tasks."
             )
-        model.state = core.with_params(model.config, model.state, params, target)
+        if model._lanes is None:
+            model.state = core.with_params(model.config, model.state, params, target)
+        else:  # every seed starts from the checkpoint's parameters, at its own learning rate
+            states = model._unstacked(model.state)
+            model.state = model._stacked(
+                [
+                    core.with_params(lane.config, state, params, target)
+                    for lane, state in zip(model._lanes, states, strict=True)
+                ]
+            )
         return model
 
     # ------------------------------------------------------------------ save / load
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "config", "pool"]
+        return [
+            *super()._excluded_save_params(),
+            "config",
+            "pool",
+            "_lanes",
+            "_placement",
+            "_predict_view",
+            "_call_config",
+        ]
 
     def _checkpoint_attributes(self, exclude: Any, include: Any) -> dict[str, Any]:
         """SB3's attributes, with the config as its fields (plain data)."""
@@ -549,10 +702,23 @@ class TDMPC2MultiTask(EarlierCheckpoints, Checkpointing, BaseAlgorithm):
             )
         config = preset(int(data["model_size"]), **fields)
         spec = (config, tuple(data["tasks"]), tuple(int(x) for x in data["_obs_dims"]))
-        model = cls(None, data["model_size"], seed=data["seed"], _spec=spec)
+        per_seed = data.pop("per_seed_settings", None) or {}
+        if not isinstance(per_seed, dict):
+            raise ValueError("The checkpoint's per_seed_settings is not a dict of per-seed values.")
+        model = cls(None, data["model_size"], seed=data["seed"], _spec=spec, **per_seed)
         model.set_parameters(params, exact_match=True, device=device)
         model.__dict__.update(data)
         model.__dict__.update(kwargs)
+        saved = model._saved_lane_counters()
+        if model._lanes is not None:
+            if saved is None:
+                raise ValueError(
+                    f"The checkpoint of a group of {model.n_seeds} seeds lacks their counters "
+                    "(_seed_counters): the file was not written by this group's save()."
+                )
+            model.state = model._on_devices(model.state)
+            for lane, counters in zip(model._lanes, saved, strict=True):
+                lane.__dict__.update(counters)
         return model
 
     @classmethod
