@@ -2,6 +2,7 @@
 
     python benchmarks/tdmpc2_multitask_speed.py                      # sizes 1 and 5, batch 256
     python benchmarks/tdmpc2_multitask_speed.py --sizes 1 --updates 20 --entries 100000
+    python benchmarks/tdmpc2_multitask_speed.py --sizes 1 --seeds 1 4 8 --out tdmpc2_multitask_seeds.json
 
 Builds a pool of two synthetic tasks with the widest widths of the reference's mt30 DMC tasks and the
 narrowest (24 observations / 6 actions, as walker and cheetah's family, and 5 / 1, as cartpole), in
@@ -9,7 +10,11 @@ episodes of 501 entries as the released data, ``--entries`` entries in all. For 
 times ``--updates`` gradient updates (``learn``, batch 256, the reference's default; after a warm-up
 that compiles) and reports updates per second, the pool's bytes per million stored entries (on disk,
 memory-mapped) and the process's resident memory after training. Writes
-benchmarks/results/tdmpc2_multitask_speed.json.
+benchmarks/results/tdmpc2_multitask_speed.json (``--out`` names another file there).
+
+``--seeds 1 4 8`` also times seed groups (``seed=[0, ..., N - 1]``: N models trained in one program,
+each update one call for all seeds) beside one seed, in the same process: milliseconds per update of
+the group and per seed's update, under ``seed_groups``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 from evaluation import run_record
 
@@ -62,9 +68,12 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=50)
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="seed counts (N > 1: a group)")
+    parser.add_argument("--out", default="tdmpc2_multitask_speed.json", help="file in benchmarks/results")
     args = parser.parse_args()
     episodes = max(1, args.entries // (EPISODE_ENTRIES * len(TASKS)))
     result: dict = {"batch_size": args.batch_size, "updates": args.updates, "sizes": {}, **run_record()}
+    result["devices"] = f"{jax.device_count()} x {jax.devices()[0].device_kind}"
     with tempfile.TemporaryDirectory() as folder:
         sources = {
             name: synthetic_export(Path(folder) / f"{name}.npz", o, a, episodes, seed)
@@ -81,19 +90,27 @@ def main() -> None:
             "bytes_per_million_entries": round(pool.nbytes / pool.num_entries * 1e6),
         }
         for size in args.sizes:
-            model = TDMPC2MultiTask(pool, model_size=size, batch_size=args.batch_size, seed=0)
-            model.learn(3)  # compiles
-            start = time.perf_counter()
-            model.learn(args.updates)
-            seconds = time.perf_counter() - start
-            result["sizes"][str(size)] = {
-                "updates_per_second": round(args.updates / seconds, 3),
-                "ms_per_update": round(1e3 * seconds / args.updates, 1),
-                "resident_mib_after": round(resident_mib(), 1),
-                "task_dim": model.config.task_dim,
-            }
-            print(json.dumps({"size": size, **result["sizes"][str(size)]}), flush=True)
-    out = RESULTS / "tdmpc2_multitask_speed.json"
+            for n_seeds in args.seeds:
+                seed: int | list[int] = 0 if n_seeds == 1 else list(range(n_seeds))
+                model = TDMPC2MultiTask(pool, model_size=size, batch_size=args.batch_size, seed=seed)
+                model.learn(3)  # compiles
+                start = time.perf_counter()
+                model.learn(args.updates)
+                seconds = time.perf_counter() - start
+                row = {
+                    "updates_per_second": round(args.updates / seconds, 3),
+                    "ms_per_update": round(1e3 * seconds / args.updates, 1),
+                    "resident_mib_after": round(resident_mib(), 1),
+                    "task_dim": model.config.task_dim,
+                }
+                if n_seeds == 1:
+                    result["sizes"][str(size)] = row
+                if args.seeds != [1]:
+                    row = {**row, "ms_per_seed_update": round(1e3 * seconds / args.updates / n_seeds, 2)}
+                    result.setdefault("seed_groups", {}).setdefault(str(size), {})[str(n_seeds)] = row
+                print(json.dumps({"size": size, "seeds": n_seeds, **row}), flush=True)
+                del model
+    out = RESULTS / args.out
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "sizes"}))
 
