@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.callbacks import BaseCallback, ProgressBarCallback
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.type_aliases import MaybeCallback
 from stable_baselines3.common.utils import configure_logger
 
@@ -51,6 +51,8 @@ from sb3_worldmodels.data.pool import TaskPool, load_pool
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks
 from sb3_worldmodels.tdmpc2.config import TDMPC2Config, check_config, preset, seed_settings
+from sb3_worldmodels.tdmpc2.multitask_callbacks import MultiTaskEvalCallback as MultiTaskEvalCallback
+from sb3_worldmodels.tdmpc2.multitask_callbacks import UpdatesProgressBar
 from sb3_worldmodels.tdmpc2.upgrade import EarlierCheckpoints
 
 _DMC_TASKS = (
@@ -93,100 +95,6 @@ def reference_settings(tasks: tuple[str, ...], model_size: int) -> dict[str, int
     if mt30 and model_size == 19:
         settings["latent_dim"] = 512
     return settings
-
-
-class _UpdatesProgressBar(ProgressBarCallback):
-    """SB3's progress bar, advanced by one gradient update per step (SB3's advances by the envs of a
-    step, and training here has no env)."""
-
-    def _on_step(self) -> bool:
-        self.pbar.update(1)
-        return True
-
-
-class MultiTaskEvalCallback(BaseCallback):
-    """Evaluate a :class:`TDMPC2MultiTask` on each of its tasks every ``eval_freq`` updates, as the
-    reference's offline trainer does (offline_trainer.py:24-39,79-86@b67b21c; its defaults: every
-    50,000 iterations, 10 episodes, eval mode): each task's mean return is logged as
-    ``eval/<task>/mean_reward``, their mean as ``eval/mean_reward``, and kept in :attr:`evaluations`.
-
-    :param envs: task name -> env with that task's spaces (as :meth:`TDMPC2MultiTask.evaluate`).
-    :param eval_freq: updates between evaluations.
-    :param n_eval_episodes: episodes per task.
-    :param deterministic: plan in eval mode (no exploration noise on the chosen action).
-    """
-
-    def __init__(
-        self,
-        envs: Mapping[str, gym.Env],
-        eval_freq: int = 50_000,
-        n_eval_episodes: int = 10,
-        deterministic: bool = True,
-        verbose: int = 0,
-    ) -> None:
-        super().__init__(verbose)
-        if int(eval_freq) < 1 or int(n_eval_episodes) < 1:
-            raise ValueError(
-                f"eval_freq and n_eval_episodes must be positive, got {eval_freq} and {n_eval_episodes}."
-            )
-        self.envs, self.eval_freq, self.n_eval_episodes = dict(envs), int(eval_freq), int(n_eval_episodes)
-        self.deterministic = deterministic
-        self.evaluations: list[dict[str, float]] = []
-        """One dict per evaluation: ``updates``, each task's mean return, and ``mean``."""
-
-    @property
-    def _multitask(self) -> TDMPC2MultiTask:
-        if not isinstance(self.model, TDMPC2MultiTask):
-            raise TypeError(
-                f"MultiTaskEvalCallback evaluates a TDMPC2MultiTask, not a {type(self.model).__name__}: use "
-                "SB3's EvalCallback for a single-task model."
-            )
-        return self.model
-
-    def _init_callback(self) -> None:
-        model = self._multitask
-        for name, env in self.envs.items():  # a wrong env is refused before any update runs
-            model._check_env(name, model.task_id(name), env)
-
-    def _on_step(self) -> bool:
-        if self.n_calls % self.eval_freq == 0:
-            self.evaluate()
-        return True
-
-    def evaluate(self) -> dict[str, float]:
-        """Evaluate now, log and keep the scores. A seed group's seeds are each evaluated: their
-        scores are logged as ``seed_<seed>/eval/...`` (not printed) and kept as ``seed_<seed>/<task>``
-        and ``seed_<seed>/mean``; ``eval/...`` and the task keys are the means over the seeds."""
-        model = self._multitask
-        if model.seeds is None:
-            scores = model.evaluate(self.envs, self.n_eval_episodes, self.deterministic)
-            per_seed: dict[str, float] = {}
-        else:
-            each = [
-                model.evaluate(self.envs, self.n_eval_episodes, self.deterministic, seed_index=i)
-                for i in range(model.n_seeds)
-            ]
-            scores = {name: float(np.mean([seed_scores[name] for seed_scores in each])) for name in each[0]}
-            per_seed = {
-                f"seed_{seed}/{name}": score
-                for seed, seed_scores in zip(model.seeds, each, strict=True)
-                for name, score in seed_scores.items()
-            }
-            for key, score in per_seed.items():
-                seed, name = key.split("/", 1)
-                metric = "eval/mean_reward" if name == "mean" else f"eval/{name}/mean_reward"
-                self.logger.record(f"{seed}/{metric}", score, exclude="stdout")
-        for name, score in scores.items():
-            self.logger.record("eval/mean_reward" if name == "mean" else f"eval/{name}/mean_reward", score)
-        self.logger.record("eval/n_updates", self.num_timesteps)
-        self.logger.dump(self.num_timesteps)
-        self.evaluations.append({"updates": float(self.num_timesteps), **scores, **per_seed})
-        if self.verbose:
-            print(
-                f"Eval after {self.num_timesteps} updates: "
-                + ", ".join(f"{k} {v:.1f}" for k, v in scores.items())
-            )
-        return scores
 
 
 class TDMPC2MultiTask(SeedLanes, EarlierCheckpoints, Checkpointing, BaseAlgorithm):
@@ -437,7 +345,7 @@ class TDMPC2MultiTask(SeedLanes, EarlierCheckpoints, Checkpointing, BaseAlgorith
     def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
         """SB3's, with a progress bar that counts updates."""
         if progress_bar:
-            callback = [self._init_callback(callback), _UpdatesProgressBar()]
+            callback = [self._init_callback(callback), UpdatesProgressBar()]
         return super()._init_callback(callback, progress_bar=False)
 
     def _update(self) -> dict[str, Any]:
