@@ -181,6 +181,12 @@ EXTENDED_TESTS = {
     "test_devices.py::test_data_parallel_updates_equal_the_one_device_updates": (
         "a model compiled and run in two fresh processes, on 4 devices and on 1"
     ),
+    "test_gather_free.py::test_one_update_and_one_acting_step_are_the_same_in_both_forms[dreamerv3]": (
+        "DreamerV3's update compiled in both forms (TD-MPC2's stays in the first tier)"
+    ),
+    "test_gather_free.py::test_one_update_and_one_acting_step_are_the_same_in_both_forms[tdmpc2-multitask]": (
+        "the multi-task update compiled in both forms (TD-MPC2's stays in the first tier)"
+    ),
     "test_envs.py::test_headless_rendering_is_chosen_without_a_display_and_a_missing_renderer_says_how": (
         "renderer subprocesses"
     ),

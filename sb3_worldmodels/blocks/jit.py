@@ -10,6 +10,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 
+from sb3_worldmodels.blocks.backend import gather_free, gather_free_forms
+
 COMPILER_OPTIONS = {"xla_backend_optimization_level": 1, "xla_cpu_experimental_ynn_fusion_type": ""}
 """XLA options of the agents' jitted functions (CPU options; other backends ignore them). LLVM's level
 1 instead of the default halves the compile time of the DreamerV3 update on CPU, which dominates a
@@ -91,7 +93,9 @@ class PerSeedConfig(Protocol):
 class AgentFunction:
     """``fn(config, ...)`` compiled per ``config`` (static), with every matmul traced inside under
     ``config.matmul_precision`` (:data:`MATMUL_PRECISIONS`) and :data:`COMPILER_OPTIONS`; the
-    programs of the :data:`COMPILED_CONFIGS_KEPT` most recently used configs are kept.
+    programs of the :data:`COMPILED_CONFIGS_KEPT` most recently used configs are kept. A config's
+    program is kept per form (:func:`~sb3_worldmodels.blocks.backend.gather_free`): each traces under
+    the form that was in force when it was built.
 
     :meth:`over_seeds` compiles the same function vmapped over a leading seed axis (its own kept
     programs)."""
@@ -117,11 +121,14 @@ class AgentFunction:
                 f"{self._fn.__name__}: a config with per-seed settings runs over a seed axis; call "
                 "over_seeds(config) instead."
             )
-        jitted = self._compiled.pop(config, None)
+        key = (config, gather_free())
+        jitted = self._compiled.pop(key, None)
         if jitted is None:
+            free = key[1]
 
             def call(*args: Any, **kwargs: Any) -> Any:
-                return self._pinned(config, *args, **kwargs)
+                with gather_free_forms(free):
+                    return self._pinned(config, *args, **kwargs)
 
             call.__name__ = call.__qualname__ = self._fn.__name__  # the program's name
             jitted = jax.jit(
@@ -131,7 +138,7 @@ class AgentFunction:
             )
             while len(self._compiled) >= COMPILED_CONFIGS_KEPT:
                 self._compiled.popitem(last=False)
-        self._compiled[config] = jitted
+        self._compiled[key] = jitted
         return jitted
 
     def over_seeds(self, config: Any) -> Any:
@@ -147,7 +154,7 @@ class AgentFunction:
         program (other values, same program), each seed's traced in its config. The returned
         function has ``lower`` and ``trace`` either way."""
         per_seed = config if isinstance(config, PerSeedConfig) else None
-        key = config if per_seed is None else per_seed.program_key
+        key = (config if per_seed is None else per_seed.program_key, gather_free())
         jitted = self._compiled_over_seeds.pop(key, None)
         if jitted is None:
             jitted = self._jit_over_seeds(config, per_seed)
@@ -157,6 +164,8 @@ class AgentFunction:
         return _WithSeedValues(jitted, None if per_seed is None else per_seed.seed_values())
 
     def _jit_over_seeds(self, config: Any, per_seed: PerSeedConfig | None) -> Any:
+        free = gather_free()
+
         def call(values: Any, *args: Any, **kwargs: Any) -> Any:
             static = {name: kwargs.pop(name) for name in self._static_argnames if name in kwargs}
 
@@ -164,7 +173,8 @@ class AgentFunction:
                 seed_config = config if per_seed is None else per_seed.traced_config(seed_values)
                 return self._pinned(seed_config, *seed_args, **seed_kwargs, **static)
 
-            return jax.vmap(one_seed)(values, *args, **kwargs)
+            with gather_free_forms(free):
+                return jax.vmap(one_seed)(values, *args, **kwargs)
 
         call.__name__ = call.__qualname__ = f"{self._fn.__name__}_over_seeds"  # the program's name
         return jax.jit(call, static_argnames=self._static_argnames, compiler_options=COMPILER_OPTIONS)

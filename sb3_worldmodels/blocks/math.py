@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sb3_worldmodels.blocks.backend import count_at_most, gather_free, select_along
+
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 
@@ -84,13 +86,20 @@ def _twohot_pair(x: ArrayLike, bins: ArrayLike) -> tuple[Array, Array, Array, Ar
     x = jnp.asarray(x, jnp.float32)
     bins = jnp.asarray(bins, jnp.float32)
     n = bins.shape[-1]
-    # count(bins <= x) by binary search: the same integers as summing the comparisons over all bins.
-    count = jnp.searchsorted(bins, x, side="right").astype(jnp.int32)
-    below = jnp.clip(count - 1, 0, n - 1)
-    above = jnp.clip(count, 0, n - 1)
-    same = below == above
-    dist_below = jnp.where(same, 1.0, jnp.abs(bins[below] - x))
-    dist_above = jnp.where(same, 1.0, jnp.abs(bins[above] - x))
+    if gather_free():  # count(bins <= x) by comparing with every bin, the two bins read by masked sums
+        count = count_at_most(bins, x)
+        below = jnp.clip(count - 1, 0, n - 1)
+        above = jnp.clip(count, 0, n - 1)
+        same = below == above
+        dist_below = jnp.where(same, 1.0, jnp.abs(select_along(bins, below) - x))
+        dist_above = jnp.where(same, 1.0, jnp.abs(select_along(bins, above) - x))
+    else:  # count(bins <= x) by binary search: the same integers as comparing with every bin
+        count = jnp.searchsorted(bins, x, side="right").astype(jnp.int32)
+        below = jnp.clip(count - 1, 0, n - 1)
+        above = jnp.clip(count, 0, n - 1)
+        same = below == above
+        dist_below = jnp.where(same, 1.0, jnp.abs(bins[below] - x))
+        dist_above = jnp.where(same, 1.0, jnp.abs(bins[above] - x))
     total = dist_below + dist_above
     return below, above, dist_above / total, dist_below / total
 
@@ -121,7 +130,9 @@ def twohot_log_prob(logits: ArrayLike, x: ArrayLike, bins: ArrayLike) -> Array:
     """Σ_i twohot(x)_i · log_softmax(logits)_i, the log-likelihood of ``x``.
 
     Only the two bins with weight are read (the other terms of the sum are exact zeros), so no
-    (..., n) target is built. No stop-gradient is applied to ``x``; callers pass ``sg(target)``.
+    (..., n) target is built; on accelerators they are read by masked sums over the bins
+    (:func:`~sb3_worldmodels.blocks.backend.gather_free`). No stop-gradient is applied to ``x``;
+    callers pass ``sg(target)``.
 
     Args:
         logits: (..., n) float32.
@@ -133,8 +144,11 @@ def twohot_log_prob(logits: ArrayLike, x: ArrayLike, bins: ArrayLike) -> Array:
     """
     logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
     below, above, weight_below, weight_above = _twohot_pair(x, bins)
-    lp_below = jnp.take_along_axis(logp, below[..., None], axis=-1)[..., 0]
-    lp_above = jnp.take_along_axis(logp, above[..., None], axis=-1)[..., 0]
+    if gather_free():
+        lp_below, lp_above = select_along(logp, below), select_along(logp, above)
+    else:
+        lp_below = jnp.take_along_axis(logp, below[..., None], axis=-1)[..., 0]
+        lp_above = jnp.take_along_axis(logp, above[..., None], axis=-1)[..., 0]
     return weight_below * lp_below + weight_above * lp_above
 
 

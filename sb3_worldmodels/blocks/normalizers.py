@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from sb3_worldmodels.blocks.backend import gather_free, percentiles
+
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 
@@ -57,7 +59,8 @@ def percentile_norm_update(
     """low ← (1 − rate)·low + rate·P_lo(x); high likewise with P_hi(x).
 
     Percentiles are taken over all elements of ``x`` with linear interpolation
-    (``jnp.percentile``'s default).
+    (``jnp.percentile``'s default; on accelerators the same values without a sort,
+    :func:`~sb3_worldmodels.blocks.backend.percentiles`).
 
     Args:
         state: current statistics.
@@ -70,8 +73,11 @@ def percentile_norm_update(
         The updated state.
     """
     x = jax.lax.stop_gradient(jnp.asarray(x, jnp.float32)).reshape(-1)
-    lo = jnp.percentile(x, perclo)
-    hi = jnp.percentile(x, perchi)
+    if gather_free():
+        lo, hi = percentiles(x, (perclo, perchi))
+    else:
+        lo = jnp.percentile(x, perclo)
+        hi = jnp.percentile(x, perchi)
     return PercentileNormState(
         low=(1.0 - rate) * state.low + rate * lo,
         high=(1.0 - rate) * state.high + rate * hi,
@@ -153,7 +159,11 @@ def running_scale_update(
         The updated state.
     """
     x = jax.lax.stop_gradient(jnp.asarray(x, jnp.float32)).reshape(-1)
-    spread = jnp.percentile(x, perchi) - jnp.percentile(x, perclo)
+    if gather_free():
+        lo, hi = percentiles(x, (perclo, perchi))
+        spread = hi - lo
+    else:
+        spread = jnp.percentile(x, perchi) - jnp.percentile(x, perclo)
     target = jnp.maximum(spread, 1.0)
     return RunningScaleState(value=state.value + tau * (target - state.value))
 

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.random import threefry_2x32
 
+from sb3_worldmodels.blocks.backend import gather_free
+
 Array = jax.Array
 
 
@@ -82,3 +84,33 @@ def gumbel_and_normal_noise(
             tiny = np.finfo(np.float32).tiny
             out[name] = -jnp.log(-jnp.log(jnp.maximum(tiny, x * (1.0 - tiny) + tiny)))
     return out
+
+
+SHUFFLE_EXPONENT = 3
+"""``jax.random.permutation``'s rounds: ceil(3·ln(n) / ln(2³² − 1)) sorts by fresh 32-bit keys (one
+up to n = 1625)."""
+
+
+def choice_without_replacement(key: Array, n: int, k: int) -> Array:
+    """``jax.random.choice(key, n, (k,), replace=False)``: k distinct integers of [0, n), (k,) int32.
+
+    The gather-free form (:func:`~sb3_worldmodels.blocks.backend.gather_free`) draws the same numbers:
+    ``jax.random.permutation``'s rounds of a stable sort by fresh random 32-bit keys, each element's
+    place found by counting the keys below it (ties by position) instead of sorting.
+    """
+    if not gather_free():
+        return jax.random.choice(key, n, (k,), replace=False)
+    if not 0 < k <= n:
+        raise ValueError(f"choice_without_replacement draws 0 < k <= n integers, got k={k}, n={n}.")
+    order = jnp.arange(n, dtype=jnp.int32)
+    position = jax.lax.broadcasted_iota(jnp.int32, (n, n), 0)
+    rounds = int(np.ceil(SHUFFLE_EXPONENT * np.log(max(1, n)) / np.log(np.iinfo(np.uint32).max)))
+    for _ in range(rounds):
+        key, subkey = jax.random.split(key)
+        sort_keys = jax.random.bits(subkey, (n,), jnp.uint32)
+        mine, other = sort_keys[:, None], sort_keys[None, :]  # [i, j]: element i against element j
+        ahead = (other < mine) | ((other == mine) & (position.T < position))
+        place = jnp.sum(ahead, axis=1, dtype=jnp.int32)  # element i's place after the stable sort
+        at = place[None, :] == position  # [p, i]: element i goes to place p
+        order = jnp.sum(jnp.where(at, order[None, :], 0), axis=1, dtype=jnp.int32)
+    return order[:k]

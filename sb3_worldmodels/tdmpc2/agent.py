@@ -29,11 +29,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from sb3_worldmodels.blocks.backend import count_at_most, gather_free, select_rows
 from sb3_worldmodels.blocks.breaks import broken
 from sb3_worldmodels.blocks.images import random_shifts
 from sb3_worldmodels.blocks.jit import agent_jit, scan_updates
 from sb3_worldmodels.blocks.normalizers import RunningScaleState, running_scale_init
 from sb3_worldmodels.blocks.optim import adam, get_learning_rate, squared_global_norm, with_learning_rate
+from sb3_worldmodels.blocks.random import choice_without_replacement
 from sb3_worldmodels.tdmpc2 import networks as N
 from sb3_worldmodels.tdmpc2.config import TDMPC2Config
 from sb3_worldmodels.tdmpc2.losses import LOSS_COEFS as LOSS_COEFS
@@ -250,9 +252,9 @@ def sample_update_noise(config: TDMPC2Config, key: Array, batch_size: int) -> Up
     h, a, k = config.horizon, config.action_dim, config.num_q
     return UpdateNoise(
         eps_td=jax.random.normal(keys[0], (h, batch_size, a), jnp.float32),
-        pair_td=jax.random.choice(keys[1], k, (2,), replace=False).astype(jnp.int32),
+        pair_td=choice_without_replacement(keys[1], k, 2).astype(jnp.int32),
         eps_pi=jax.random.normal(keys[2], (h + 1, batch_size, a), jnp.float32),
-        pair_pi=jax.random.choice(keys[3], k, (2,), replace=False).astype(jnp.int32),
+        pair_pi=choice_without_replacement(keys[3], k, 2).astype(jnp.int32),
         dropout=jax.random.split(keys[4], 3),
         shifts=random_shifts(keys[5], (h + 1, batch_size)) if config.image_shape else None,
     )
@@ -365,7 +367,10 @@ def plan_with_noise(
         value = estimate_value(config, params, zs, actions, pi_eps, pair, drop, task)
         value = jnp.nan_to_num(value, nan=0.0)
         elite_value, elite_idxs = jax.lax.top_k(value, e)
-        elite_actions = actions[:, elite_idxs]  # (H, E, A)
+        if gather_free():  # each elite's actions by a masked sum over the samples
+            elite_actions = jnp.moveaxis(select_rows(jnp.moveaxis(actions, 1, 0), elite_idxs), 0, 1)
+        else:
+            elite_actions = actions[:, elite_idxs]  # (H, E, A)
         score = jnp.exp(config.temperature * (elite_value - jnp.max(elite_value)))
         score = score / jnp.sum(score)
         total = jnp.sum(score) + 1e-9
@@ -396,9 +401,14 @@ def plan_with_noise(
 
     score = iters["score"][-1]
     cdf = jnp.cumsum(score)
-    drawn = jnp.minimum(jnp.searchsorted(cdf, noise.elite_u * cdf[-1], side="right"), e - 1)
-    pick = jnp.where(noise.elite_pick >= 0, noise.elite_pick, drawn)
-    chosen = iters["elite_actions"][-1][:, pick]  # (H, A)
+    if gather_free():  # the search by counting, the pick by a masked sum over the elites
+        drawn = jnp.minimum(count_at_most(cdf, noise.elite_u * cdf[-1]), e - 1)
+        pick = jnp.where(noise.elite_pick >= 0, noise.elite_pick, drawn)
+        chosen = select_rows(jnp.moveaxis(iters["elite_actions"][-1], 1, 0), pick)  # (H, A)
+    else:
+        drawn = jnp.minimum(jnp.searchsorted(cdf, noise.elite_u * cdf[-1], side="right"), e - 1)
+        pick = jnp.where(noise.elite_pick >= 0, noise.elite_pick, drawn)
+        chosen = iters["elite_actions"][-1][:, pick]  # (H, A)
     action = chosen[0] + jnp.where(deterministic, 0.0, 1.0) * std[0] * noise.final
     return jnp.clip(action, -1.0, 1.0), mean, {**iters, "action_before_noise": chosen[0], "std": std}
 
@@ -408,9 +418,7 @@ def sample_plan_noise(config: TDMPC2Config, key: Array, iterations: int) -> Plan
     h, a, k = config.horizon, config.action_dim, config.num_q
     p, s = config.num_pi_trajs, config.num_samples
     keys = jax.random.split(key, 7)
-    pairs = jax.vmap(lambda kk: jax.random.choice(kk, k, (2,), replace=False))(
-        jax.random.split(keys[6], iterations)
-    )
+    pairs = jax.vmap(lambda kk: choice_without_replacement(kk, k, 2))(jax.random.split(keys[6], iterations))
     return PlanNoise(
         pi_traj=jax.random.normal(keys[0], (h, p, a), jnp.float32),
         mppi=jax.random.normal(keys[1], (iterations, h, s - p, a), jnp.float32),

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sb3_worldmodels.blocks.backend import gather_free, select_rows
 from sb3_worldmodels.blocks.breaks import broken
 from sb3_worldmodels.blocks.images import shift_images
 from sb3_worldmodels.blocks.math import symlog_twohot_log_prob
@@ -109,6 +110,8 @@ def discount(config: TDMPC2Config, task: Array | None = None) -> float | Array:
     """γ: the config's, or multi-task each row's task discount (B,) (float32, tdmpc2.py:31-33@b67b21c)."""
     if task is None:
         return config.discount
+    if gather_free():
+        return select_rows(np.asarray(config.task_discounts, np.float32), task)
     return jnp.asarray(config.task_discounts, jnp.float32)[task]
 
 

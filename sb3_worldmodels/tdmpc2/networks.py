@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sb3_worldmodels.blocks.backend import gather_free, select_rows
 from sb3_worldmodels.blocks.images import SHIFT_PAD, shift_images
 from sb3_worldmodels.blocks.layers import (
     Conv,
@@ -343,13 +344,18 @@ def renormalise_task_embeddings(params: dict, task: Array) -> dict:
     parameter."""
     table = params["task_emb"]
     norm = jnp.sqrt(jnp.sum(jnp.square(table), -1))
-    used = jnp.zeros(table.shape[0], bool).at[jnp.ravel(task)].set(True)
+    if gather_free():  # the rows used, by comparing every row with every id
+        used = jnp.any(jnp.arange(table.shape[0])[:, None] == jnp.ravel(task)[None, :], axis=1)
+    else:
+        used = jnp.zeros(table.shape[0], bool).at[jnp.ravel(task)].set(True)
     scale = jnp.where(used & (norm > 1.0), 1.0 / (norm + 1e-7), 1.0)
     return {**params, "task_emb": table * scale[:, None]}
 
 
 def task_conditioning(config: TDMPC2Config, params: dict, task: Array) -> Task:
     """The :class:`Task` of task ids ``task`` (B,) or () from the (already renormalised) table."""
+    if gather_free():  # the rows by masked sums over the tasks
+        return Task(select_rows(params["task_emb"], task), select_rows(action_masks(config), task))
     return Task(params["task_emb"][task], jnp.asarray(action_masks(config))[task])
 
 
@@ -446,9 +452,10 @@ def q_pair_value(
     Only the two members are evaluated (the reference evaluates all K, then picks two: the same
     values, and at K = 5 less than half the work; docs/deviations.md T11).
     """
-    members = jax.tree_util.tree_map(lambda x: x[pair], qs)
+    take = select_rows if gather_free() else (lambda x, index: x[index])  # gather-free: masked sums
+    members = jax.tree_util.tree_map(lambda x: take(x, pair), qs)
     if key is not None and is_mask(key):  # explicit masks of all K members: keep the pair's
-        key = key[pair]
+        key = take(key, pair)
     logits = _members_logits(config, members, jnp.concatenate([_with_task(z, task), action], -1), key, 2)
     values = decode(config, logits)
     a, b = values[0], values[1]
