@@ -1,33 +1,55 @@
-"""DreamerV3 learning checks on Gymnasium's classic control tasks (CPU).
+"""DreamerV3 learning checks on Gymnasium's classic control tasks.
 
     python benchmarks/dreamerv3_learning.py --task pendulum --seed 0   # 20,000 rows, "1m", 16 envs, ratio 512
     python benchmarks/dreamerv3_learning.py --task cartpole --seed 0   # 24,000 rows, same settings
+    python benchmarks/dreamerv3_learning.py --task cartpole --seeds 0 1 2 3 4   # five seeds in one model
+    python benchmarks/dreamerv3_learning.py --task pendulum --seeds 0 1 --smoke  # tiny settings, < 1 min
 
 Acceptance (written before any run): Pendulum-v1, final evaluation (10 episodes) >= -300;
 CartPole-v1, mean evaluation of the sampling policy (10 episodes every 2,000 rows) over rows
 12,000-24,000 >= 250.
 
-The run is checkpointed at every evaluation (model, replay, curves) in
-benchmarks/results/checkpoints/dreamerv3_<task>_seed<seed>/; the same command resumes from there (a
-check longer than one sitting can span several processes; ``--stop-after-hours`` ends a process
-cleanly after an evaluation). The train/* statistics go to progress.csv files in that folder (one
-per process). Writes the curve to benchmarks/results/dreamerv3_<task>_seed<seed>.json, with
-``"done": false`` until the last row.
+``--seeds`` trains every seed in one seed group (``DreamerV3(env, seed=[...])``) and evaluates each
+seed's model (``seed_model(i)``) with the same protocol as a single-seed run; the result reports each
+seed's score and verdict, their mean, interquartile mean and the number of seeds that pass.
+
+The run is checkpointed every ``--chunk`` rows (default: at every evaluation) with its model,
+replay, curves and, between episodes, its envs, in
+benchmarks/results/checkpoints/dreamerv3_<task>_seed<seed>/ (``..._seeds0-4/`` for a group); the same
+command resumes from there, so a check can span several processes: ``--stop-after-hours`` ends a
+process cleanly after a segment that passes it, ``--budget-s`` before a segment that would end past
+that many seconds from the process's start. The train/* statistics go to progress.csv files in that
+folder (one per process). Writes the result to benchmarks/results/dreamerv3_<task>_seed<seed>.json
+(``..._seeds0-4.json``), with ``"done": false`` until the last row.
+
+``--smoke``: the smallest DreamerV3 (``SMOKE_SETTINGS``), 1 env per seed, two Pendulum-v1 episodes
+(402 rows, a checkpoint after each: 201 rows) and 1 evaluation episode; the result and checkpoints
+go to benchmarks/results/checkpoints/smoke/ unless ``--results``/``--checkpoint`` say otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-from evaluation import evaluate_fresh, learn_in_segments, run_record
+from evaluation import (
+    brief,
+    evaluate_fresh,
+    group_name,
+    group_results,
+    learn_in_segments,
+    run_record,
+    script_command,
+)
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.monitor import Monitor
 
 from sb3_worldmodels import DreamerV3
+from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS
 
 TASKS = {
     "pendulum": dict(env="Pendulum-v1", rows=20_000, threshold=-300.0, deterministic=False),
@@ -35,26 +57,56 @@ TASKS = {
 }
 PAPER_ERA = dict(model_size="1m", n_envs=16, train_ratio=512, batch_size=16, batch_length=64)
 EVAL_EVERY = 2_000
+EVAL_EPISODES = 10
+SMOKE = dict(settings={**SMOKE_SETTINGS, "n_envs": 1}, rows=402, eval_every=201, episodes=1)
+"""The smoke run: two Pendulum-v1 episodes of one env (200 steps and the last row: 201 rows each)."""
 RESULTS = Path(__file__).parent / "results"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def score_of(task: str, curve: list[dict], smoke: bool) -> float:
+    """Pendulum: the last evaluation; CartPole: the mean of the evaluations from half the check's rows
+    on (12,000-24,000 rows)."""
+    if task == "pendulum":
+        return curve[-1]["eval_mean"] if curve else float("nan")
+    half = (SMOKE["rows"] if smoke else TASKS[task]["rows"]) // 2
+    return float(np.mean([p["eval_mean"] for p in curve if p["rows"] >= half] or [np.nan]))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    started = time.time()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--task", choices=TASKS, default="pendulum")
-    parser.add_argument("--seed", type=int, default=0)
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--seed", type=int, default=0)
+    which.add_argument("--seeds", type=int, nargs="+", help="several seeds, trained as one seed group")
     parser.add_argument("--rows", type=int, default=None)
+    parser.add_argument(
+        "--chunk", type=int, default=None, help="rows between checkpoints (default: the evaluation interval)"
+    )
     parser.add_argument(
         "--checkpoint", type=Path, default=None, help="checkpoint folder (default: see above)"
     )
+    parser.add_argument("--results", type=Path, default=None, help="folder of the result file")
     parser.add_argument("--stop-after-hours", type=float, default=None)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--budget-s", type=float, default=None, help="stop before a segment would end past this (seconds)"
+    )
+    parser.add_argument("--smoke", action="store_true", help="tiny settings (see above)")
+    args = parser.parse_args(argv)
     task = TASKS[args.task]
-    rows = args.rows or task["rows"]
-    name = f"dreamerv3_{args.task}_seed{args.seed}"
-    checkpoint = args.checkpoint or RESULTS / "checkpoints" / name
+    settings = SMOKE["settings"] if args.smoke else PAPER_ERA
+    rows = args.rows or (SMOKE["rows"] if args.smoke else task["rows"])
+    eval_every = SMOKE["eval_every"] if args.smoke else EVAL_EVERY
+    episodes = SMOKE["episodes"] if args.smoke else EVAL_EPISODES
+    seed: int | list[int] = args.seed if args.seeds is None else args.seeds
+    name = f"dreamerv3_{args.task}_" + (f"seed{args.seed}" if args.seeds is None else group_name(args.seeds))
+    results = args.results or (RESULTS / "checkpoints" / "smoke" if args.smoke else RESULTS)
+    checkpoint = args.checkpoint or RESULTS / "checkpoints" / ("smoke" if args.smoke else "") / name
 
     def make_model() -> DreamerV3:
-        return DreamerV3(task["env"], seed=args.seed, **PAPER_ERA)
+        return DreamerV3(task["env"], seed=seed, **settings)
 
     def make_eval_env(seed: int) -> gym.Env:
         env = Monitor(gym.make(task["env"]))
@@ -65,39 +117,48 @@ def main() -> None:
     model, record = learn_in_segments(
         make_model,
         rows,
-        evaluate_fresh(make_eval_env, args.seed, 10, task["deterministic"]),
-        eval_every=EVAL_EVERY,
-        checkpoint_every=EVAL_EVERY,
+        evaluate_fresh(make_eval_env, None, episodes, task["deterministic"]),
+        eval_every=eval_every,
+        checkpoint_every=args.chunk or eval_every,
         checkpoint=checkpoint,
         x_key="rows",
         stop_after_seconds=stop,
         logger=lambda start: configure(str(checkpoint / f"log_from_{start}"), ["csv"]),
+        budget_seconds=args.budget_s,
+        started=started,
     )
-    curve = record["curve"]
-    if args.task == "pendulum":
-        score = curve[-1]["eval_mean"]
-    else:
-        score = float(np.mean([p["eval_mean"] for p in curve if p["rows"] >= 12_000] or [np.nan]))
-    result = {
+    where = run_record(script_command(__file__, argv))
+    head = {
         "task": args.task,
-        "seed": args.seed,
+        **({"seed": args.seed} if args.seeds is None else {"seeds": args.seeds}),
         "rows": model.num_timesteps,
         "done": record["done"],
         "updates": model._n_updates,
         "wall_seconds": record["seconds"],
         "resumed_at": record["resumed_at"],
-        "score": score,
-        "threshold": task["threshold"],
-        "passed": bool(record["done"] and score >= task["threshold"]),
-        "settings": PAPER_ERA,
-        **run_record(),
-        "curve": curve,
-        "train_curve": record["train_curve"],
     }
-    out = RESULTS / f"{name}.json"
-    out.parent.mkdir(exist_ok=True)
+    if args.seeds is None:
+        score = score_of(args.task, record["curve"], args.smoke)
+        result = {
+            **head,
+            "score": score,
+            "threshold": task["threshold"],
+            "passed": bool(record["done"] and score >= task["threshold"]),
+            "settings": settings,
+            **where,
+            "curve": record["curve"],
+            "train_curve": record["train_curve"],
+        }
+    else:
+        summary, per_seed = group_results(
+            record, model, lambda curve: score_of(args.task, curve, args.smoke), task["threshold"], "rows"
+        )
+        result = {**head, **summary, "settings": settings, **where, "per_seed": per_seed}
+    out = results / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k not in ("curve", "train_curve")}))
+    print(json.dumps(brief(result)))
+    return result
 
 
 if __name__ == "__main__":

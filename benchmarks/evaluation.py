@@ -1,25 +1,54 @@
 """What the learning benchmarks share: periodic evaluation on fresh episodes, runs split into
-checkpointed segments (so a long check can span several processes), and run records."""
+checkpointed segments (so a long check can span several processes), seed groups evaluated seed by
+seed, and run records."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import pickle
 import platform
+import shlex
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
+import jax
 import numpy as np
+import scipy.stats
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.vec_env import DummyVecEnv
 
 FLAT_FILES = {"model": "model.zip", "replay": "replay.pkl"}
 """The checkpoint file names of runs saved before progress.json named its files."""
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+"""The jax.monitoring events whose durations make up a compilation (trace, lower, compile)."""
+_compile_seconds = [0.0]
+
+
+def _count_compile(event: str, duration: float, **_: Any) -> None:
+    if event in COMPILE_EVENTS:
+        _compile_seconds[0] += duration
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+
+def compile_seconds() -> float:
+    """Seconds JAX has spent tracing, lowering and compiling programs in this process so far."""
+    return _compile_seconds[0]
 
 
 def eval_point(
@@ -123,6 +152,48 @@ class TrainEpisodes(BaseCallback):
         return True
 
 
+class GroupTrainEpisodes(BaseCallback):
+    """Records every finished training episode of a seed group into its seed's list: env ``k`` of the
+    group's VecEnv is the ``k // n_envs``-th seed's (seed-major), counted at that seed's own steps."""
+
+    def __init__(self, episodes: list[list[dict]], x_key: str, action_repeat: int) -> None:
+        super().__init__()
+        self.episodes, self.x_key, self.action_repeat = episodes, x_key, action_repeat
+
+    def _on_step(self) -> bool:
+        per_seed = self.model.envs_per_seed
+        for k, info in enumerate(self.locals.get("infos", [])):
+            if "episode" in info:
+                index = k // per_seed
+                steps = seed_timesteps(self.model)[index]
+                self.episodes[index].append(
+                    {
+                        self.x_key: steps,
+                        "frames": steps * self.action_repeat,
+                        "return": float(info["episode"]["r"]),
+                    }
+                )
+        return True
+
+
+def seed_timesteps(group: BaseAlgorithm) -> list[int]:
+    """Each seed's own ``num_timesteps`` in a seed group (the group's is the least of them)."""
+    return [lane.num_timesteps for lane in group._lanes]
+
+
+def is_group(model: BaseAlgorithm) -> bool:
+    """Whether ``model`` is a seed group (built with a list of seeds)."""
+    return getattr(model, "seeds", None) is not None
+
+
+def group_name(seeds: Sequence[int]) -> str:
+    """The file-name part of a seed group: ``seeds0-4`` for 0, 1, 2, 3, 4; ``seeds1_5_9`` otherwise."""
+    seeds = list(seeds)
+    if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"seeds{seeds[0]}-{seeds[-1]}"
+    return "seeds" + "_".join(map(str, seeds))
+
+
 def learn_in_segments(
     make_model: Callable[[], BaseAlgorithm],
     total: int,
@@ -134,89 +205,172 @@ def learn_in_segments(
     action_repeat: int = 1,
     stop_after_seconds: float | None = None,
     logger: Callable[[int], Logger] | None = None,
+    budget_seconds: float | None = None,
+    started: float | None = None,
 ) -> tuple[BaseAlgorithm, dict]:
     """Train to ``total`` counted steps, evaluating every ``eval_every`` (0: only at the end) and,
     when ``checkpoint`` is a folder, saving model, replay and curves there every ``checkpoint_every``
     steps; a later call with the same folder resumes from the last checkpoint.
 
     A checkpoint is complete at every moment (new files are written before ``progress.json`` points
-    at them). A resumed run continues the model, its schedules, replay and RNG exactly; only the episodes that
-    were running when the process stopped are cut (the envs restart, as after a crash). Each
-    evaluation runs ``evaluate(model, index)`` (fresh episodes, seeded by the index) and records the
-    mean return, the recent training returns, the update count and the wall-clock seconds summed over
-    the processes. Stops after the first segment that ends past ``stop_after_seconds`` of this process.
-    ``logger(steps)``, if given, makes the SB3 logger of the process that starts at ``steps``.
+    at them). A resumed run continues the model, its schedules, replay and RNG exactly. A checkpoint
+    taken between episodes (every env's episode ended at its last step: fixed-length episodes and a
+    ``checkpoint_every`` that is a multiple of their length) also keeps the envs (pickled, with their
+    random generators), so the resumed run equals the uninterrupted one; from a checkpoint taken
+    mid-episode the envs restart, as after a crash, and the episodes that were running are cut.
+    Each evaluation runs ``evaluate(model, index)`` (fresh episodes, seeded by the index) and records
+    the mean return, the recent training returns, the update count and the wall-clock seconds summed
+    over the processes.
 
-    :return: the model and the record {"curve", "train_curve", "seconds", "resumed_at", "done"}.
+    A seed group (a model built with a list of seeds) is one model for every seed: each evaluation
+    runs ``evaluate(group.seed_model(i), index)`` for every seed, and the record keeps one curve per
+    seed (``runs``: {"seed", "curve", "train_curve"} per seed), at that seed's own step count.
+
+    Stops after the first segment that ends past ``stop_after_seconds`` of this process, or before a
+    segment that would end past ``budget_seconds`` after ``started`` (a ``time.time()``; default: the
+    call), by the longest segment of this process with its compilation time left out (the first
+    segment always runs). ``logger(steps)``, if given, makes the SB3 logger of the process that
+    starts at ``steps``.
+
+    :return: the model and the record {"curve", "train_curve", "seconds", "resumed_at", "done"} (a
+        group's: {"seeds", "runs", "seconds", "resumed_at", "done"}).
     """
+    start = time.time() if started is None else started
     model = make_model()
-    record: dict = {"curve": [], "train_curve": [], "seconds": 0.0, "resumed_at": [], "done": False}
+    group = is_group(model)
+    if group:
+        runs = [{"seed": int(s), "curve": [], "train_curve": []} for s in model.seeds]
+        record: dict = {"seeds": list(model.seeds), "runs": runs}
+    else:
+        record = {"curve": [], "train_curve": []}
+    record.update(seconds=0.0, resumed_at=[], done=False)
     progress = checkpoint / "progress.json" if checkpoint else None
     if progress is not None and progress.exists():
         record = json.loads(progress.read_text())
-        files = record.get("files", FLAT_FILES)
-        model = type(model).load(checkpoint / files["model"], env=model.get_env())
-        if model.num_timesteps != record["num_timesteps"]:
-            raise RuntimeError(
-                f"{checkpoint}: the model holds {model.num_timesteps} steps but progress.json says "
-                f"{record['num_timesteps']}; the checkpoint is inconsistent, remove the folder to restart."
+        if group and record.get("seeds") != list(model.seeds):
+            raise ValueError(
+                f"{checkpoint} holds a run of seeds {record.get('seeds')}, not {list(model.seeds)}: give the "
+                "same seeds, or another --checkpoint folder."
             )
-        model.load_replay_buffer(checkpoint / files["replay"])
+        model = resume_from(checkpoint, record, model)
         record["resumed_at"].append(model.num_timesteps)
         print(json.dumps({"resumed_at": model.num_timesteps}), flush=True)
     if logger is not None:
         model.set_logger(logger(model.num_timesteps))
-    recorder = TrainEpisodes(record["train_curve"], x_key, action_repeat)
-    start, seconds_before = time.time(), record["seconds"]
+    runs = record["runs"] if group else [record]
+    if group:
+        recorder: BaseCallback = GroupTrainEpisodes([r["train_curve"] for r in runs], x_key, action_repeat)
+    else:
+        recorder = TrainEpisodes(record["train_curve"], x_key, action_repeat)
+    process_start, seconds_before = time.time(), record["seconds"]
+    longest = 0.0  # the longest segment of this process, its compilation time left out
 
     def next_multiple(every: int) -> int:
         return (model.num_timesteps // every + 1) * every if every else total
 
     while model.num_timesteps < total:
+        segment_start, compiled_before = time.time(), compile_seconds()
         target = min(total, next_multiple(eval_every), next_multiple(checkpoint_every if checkpoint else 0))
         fresh = model.num_timesteps == 0
         model.learn(target - model.num_timesteps, callback=recorder, reset_num_timesteps=fresh)
-        record["seconds"] = round(seconds_before + time.time() - start, 1)
-        at_eval = eval_every and model.num_timesteps >= (len(record["curve"]) + 1) * eval_every
+        record["seconds"] = round(seconds_before + time.time() - process_start, 1)
+        at_eval = eval_every and model.num_timesteps >= (len(runs[0]["curve"]) + 1) * eval_every
         if at_eval or model.num_timesteps >= total:
-            returns = evaluate(model, len(record["curve"]))
-            seconds = seconds_before + time.time() - start
-            point = eval_point(model, returns, record["train_curve"], x_key, action_repeat, seconds)
-            point["eval_returns"] = [float(r) for r in returns]
-            record["curve"].append(point)
-            print(json.dumps({k: v for k, v in point.items() if k != "eval_returns"}), flush=True)
+            index = len(runs[0]["curve"])
+            seconds = seconds_before + time.time() - process_start
+            for i, run in enumerate(runs):
+                evaluated = model.seed_model(i) if group else model
+                returns = evaluate(evaluated, index)
+                point = eval_point(evaluated, returns, run["train_curve"], x_key, action_repeat, seconds)
+                point["eval_returns"] = [float(r) for r in returns]
+                run["curve"].append(point)
+                shown = {k: v for k, v in point.items() if k != "eval_returns"}
+                print(json.dumps({"seed": run["seed"], **shown} if group else shown), flush=True)
         record["done"] = model.num_timesteps >= total
         if checkpoint is not None:
-            # New files first, then progress.json (renamed into place) points at them, then the old
-            # ones go: a process killed at any moment leaves a complete checkpoint behind.
-            checkpoint.mkdir(parents=True, exist_ok=True)
-            previous = record.get("files")
-            files = {
-                "model": f"model_{model.num_timesteps}.zip",
-                "replay": f"replay_{model.num_timesteps}.pkl",
-            }
-            model.save(checkpoint / files["model"])
-            model.save_replay_buffer(checkpoint / files["replay"])
-            record.update(num_timesteps=model.num_timesteps, files=files)
-            tmp = progress.with_suffix(".tmp")
-            tmp.write_text(json.dumps(record))
-            os.replace(tmp, progress)
-            for name in (previous or FLAT_FILES).values():
-                if name not in files.values():
-                    (checkpoint / name).unlink(missing_ok=True)
-        if stop_after_seconds is not None and time.time() - start > stop_after_seconds:
+            save_checkpoint(checkpoint, record, model)
+        longest = max(longest, time.time() - segment_start - (compile_seconds() - compiled_before))
+        now = time.time()
+        if stop_after_seconds is not None and now - process_start > stop_after_seconds:
+            break
+        if budget_seconds is not None and not record["done"] and now + longest - start > budget_seconds:
+            print(json.dumps({"stopped_for_budget": budget_seconds, "at": model.num_timesteps}), flush=True)
             break
     return model, record
 
 
+def resume_from(checkpoint: Path, record: dict, model: BaseAlgorithm) -> BaseAlgorithm:
+    """The model of ``checkpoint`` (its replay loaded), with the envs saved there when the checkpoint
+    has them (``model``'s own envs, fresh, otherwise)."""
+    files = record.get("files", FLAT_FILES)
+    env, force_reset = model.get_env(), True
+    if "envs" in files:
+        # The envs as they were at the checkpoint (pickled by save_checkpoint into this folder).
+        envs = pickle.loads((checkpoint / files["envs"]).read_bytes())
+        env.close()
+        env, force_reset = DummyVecEnv([functools.partial(_same, e) for e in envs]), False
+    model = type(model).load(checkpoint / files["model"], env=env, force_reset=force_reset)
+    if model.num_timesteps != record["num_timesteps"]:
+        raise RuntimeError(
+            f"{checkpoint}: the model holds {model.num_timesteps} steps but progress.json says "
+            f"{record['num_timesteps']}; the checkpoint is inconsistent, remove the folder to restart."
+        )
+    model.load_replay_buffer(checkpoint / files["replay"])
+    return model
+
+
+def _same(env: Any) -> Any:
+    return env
+
+
+def save_checkpoint(checkpoint: Path, record: dict, model: BaseAlgorithm) -> None:
+    """Save the model, its replay and, between episodes, its envs into ``checkpoint``, then point
+    ``progress.json`` at them (renamed into place) and remove the previous files: a process killed
+    at any moment leaves a complete checkpoint behind."""
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    previous = record.get("files")
+    n = model.num_timesteps
+    replay = "npz" if is_group(model) else "pkl"
+    files = {"model": f"model_{n}.zip", "replay": f"replay_{n}.{replay}"}
+    model.save(checkpoint / files["model"])
+    model.save_replay_buffer(checkpoint / files["replay"])
+    envs = pickled_envs(model)
+    if envs is not None:
+        files["envs"] = f"envs_{n}.pkl"
+        (checkpoint / files["envs"]).write_bytes(envs)
+    record.update(num_timesteps=n, files=files)
+    progress = checkpoint / "progress.json"
+    tmp = progress.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, progress)
+    for name in (previous or FLAT_FILES).values():
+        if name not in files.values():
+            (checkpoint / name).unlink(missing_ok=True)
+
+
+def pickled_envs(model: BaseAlgorithm) -> bytes | None:
+    """The model's envs pickled, when every env's episode has just ended and the VecEnv is a plain
+    DummyVecEnv whose envs pickle (Gymnasium's classic control, dm_control through shimmy); None
+    otherwise (e.g. envs that render through an OpenGL context), and the resume restarts the envs."""
+    env = model.get_env()
+    if not model.at_episode_boundary or type(env) is not DummyVecEnv:
+        return None
+    try:
+        return cloudpickle.dumps(env.envs)
+    except (TypeError, AttributeError, pickle.PicklingError, ValueError):
+        return None
+
+
 def evaluate_fresh(
-    make_env: Callable[[int], Any], seed: int, episodes: int, deterministic: bool
+    make_env: Callable[[int], Any], seed: int | None, episodes: int, deterministic: bool
 ) -> Callable[[BaseAlgorithm, int], list[float]]:
     """``evaluate(model, index)``: ``episodes`` episodes on ``make_env(seed)`` with seed
-    ``10_000 + 1_000 * seed + index`` (each evaluation its own fresh, reproducible episodes)."""
+    ``10_000 + 1_000 * seed + index`` (each evaluation its own fresh, reproducible episodes); with
+    ``seed=None``, the evaluated model's own seed (a seed group's ``seed_model(i)`` has the i-th)."""
 
     def evaluate(model: BaseAlgorithm, index: int) -> list[float]:
-        env = make_env(10_000 + 1_000 * seed + index)
+        own = model.seed if seed is None else seed
+        env = make_env(10_000 + 1_000 * own + index)
         rewards, _ = evaluate_policy(
             model, env, n_eval_episodes=episodes, deterministic=deterministic, return_episode_rewards=True
         )
@@ -226,17 +380,93 @@ def evaluate_fresh(
     return evaluate
 
 
-def run_record() -> dict:
-    """Where and when a result was measured."""
+def seeds_result(scores: Sequence[float], passed: Sequence[bool]) -> dict:
+    """What a seed group's check sums up: the seeds' mean score, their interquartile mean (the mean of
+    the middle half, ``scipy.stats.trim_mean(scores, 0.25)``, rliable's IQM; the mean for fewer than
+    4 seeds) and how many seeds pass their bar."""
+    values = np.asarray(scores, np.float64)
+    return {
+        "mean": float(np.mean(values)),
+        "iqm": float(scipy.stats.trim_mean(values, 0.25)),
+        "n_passed": int(sum(bool(p) for p in passed)),
+        "n_seeds": len(values),
+    }
+
+
+def group_results(
+    record: dict, group: BaseAlgorithm, score: Callable[[list[dict]], float], threshold: float, x_key: str
+) -> tuple[dict, list[dict]]:
+    """A seed group's result: its summary (:func:`seeds_result`, with the bar) and one entry per seed:
+    the seed, its score (``score(curve)``) and verdict against ``threshold`` (a pass needs the run
+    done), its own step count and updates, its evaluation curve and training episodes."""
+    per_seed = []
+    for run, lane in zip(record["runs"], group._lanes, strict=True):
+        value = score(run["curve"])
+        per_seed.append(
+            {
+                "seed": run["seed"],
+                "score": value,
+                "passed": bool(record["done"] and value >= threshold),
+                x_key: lane.num_timesteps,
+                "updates": lane._n_updates,
+                "curve": run["curve"],
+                "train_curve": run["train_curve"],
+            }
+        )
+    summary = seeds_result([s["score"] for s in per_seed], [s["passed"] for s in per_seed])
+    return {**summary, "threshold": threshold}, per_seed
+
+
+def brief(result: dict) -> dict:
+    """A result without its curves (what the scripts print)."""
+    shown = {k: v for k, v in result.items() if k not in ("curve", "train_curve", "per_seed")}
+    if "per_seed" in result:
+        shown["per_seed"] = [
+            {k: v for k, v in s.items() if k not in ("curve", "train_curve")} for s in result["per_seed"]
+        ]
+    return shown
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def script_command(script: str, argv: Sequence[str] | None) -> list[str]:
+    """The command line of a benchmark ``script`` (its ``__file__``) run with ``argv`` (default: this
+    process's arguments), as run from the repository's root."""
+    path = Path(script).resolve()
+    try:
+        shown = str(path.relative_to(Path(__file__).resolve().parents[1]))
+    except ValueError:
+        shown = str(path)
+    return ["python", shown, *(sys.argv[1:] if argv is None else argv)]
+
+
+def run_record(command: Sequence[str] | None = None) -> dict:
+    """Where, how and when a result was measured: the commit, the machine (CPU model and count, JAX's
+    backend and device kind), the command (default: this process's) and the date."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True
         ).stdout.strip()
     except OSError:
         commit = ""
+    devices = jax.devices()
     return {
         "commit": commit,
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "cpu_model": cpu_model(),
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        "command": shlex.join(["python", *sys.argv] if command is None else command),
         "ld_preload": os.environ.get("LD_PRELOAD", ""),
         "date": time.strftime("%Y-%m-%d"),
     }

@@ -1,10 +1,13 @@
 """Every seed of every learning check: one table, and one figure per check with all seeds.
 
-    python benchmarks/seeds_summary.py              # prints the table, writes docs/figures/seeds_*.svg
+    python benchmarks/seeds_summary.py              # prints the tables, writes docs/figures/seeds_*.svg
 
 Reads benchmarks/results/<agent>_<task>_seed<k>.json (written by tdmpc2_learning.py and
 dreamerv3_learning.py) and, where the reference code was run on the same task,
-benchmarks/data/reference_runs.json.
+benchmarks/data/reference_runs.json. The checks run as seed groups (``--seeds``, one model for every
+seed: <agent>_<task>_seeds<...>.json) get a table of their own, one row per group with each seed's
+score, the mean, the interquartile mean and the seeds that pass, and one figure per group
+(docs/figures/group_<agent>_<task>_seeds<...>.svg).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ RESULTS = HERE / "results"
 FIGURES = HERE.parent / "docs" / "figures"
 PAGE = HERE.parent / "docs" / "performance.md"
 MARKERS = ("<!-- seeds-summary-table:start -->", "<!-- seeds-summary-table:end -->")
+GROUP_MARKERS = ("<!-- seed-groups-table:start -->", "<!-- seed-groups-table:end -->")
 
 CHECKS = {
     ("tdmpc2", "pendulum"): "TD-MPC2 Pendulum-v1, size 1, 6,000 steps (final evaluation)",
@@ -46,6 +50,35 @@ def load_results() -> dict[tuple[str, str], list[dict]]:
     return out
 
 
+def load_groups() -> dict[str, dict]:
+    """The seed groups' results: {file stem: result} of <agent>_<task>_seeds<...>.json, for the checks."""
+    out = {}
+    for path in sorted(RESULTS.glob("*_seeds*.json")):
+        match = re.fullmatch(r"(tdmpc2|dreamerv3)_(.+)_(seeds[0-9_-]+)", path.stem)
+        if match and (match[1], match[2]) in CHECKS:
+            out[path.stem] = {**json.loads(path.read_text()), "_key": (match[1], match[2])}
+    return out
+
+
+def group_table(groups: dict[str, dict]) -> str:
+    """One row per seed group: each seed's score, the mean, the IQM, the seeds that pass the bar."""
+    lines = [
+        "| check | seeds | scores | mean | IQM | bar | passing | wall-clock | device | date | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for stem in sorted(groups, key=lambda stem: list(CHECKS).index(groups[stem]["_key"])):
+        r = groups[stem]
+        seeds = [s["seed"] for s in r["per_seed"]]
+        scores = ", ".join(f"{s['score']:.1f}" for s in r["per_seed"])
+        passing = f"{r['n_passed']} of {r['n_seeds']}" if r["done"] else "running"
+        device = r.get("device_kind", "")
+        cells = [CHECKS[r["_key"]].split(" (")[0], ", ".join(map(str, seeds)), scores]
+        cells += [f"{r['mean']:.1f}", f"{r['iqm']:.1f}", f"{r['threshold']:g}", passing]
+        cells += [f"{r['wall_seconds'] / 60:.0f} min", device, r.get("date", ""), r.get("commit", "") or "-"]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
 def table(results: dict[tuple[str, str], list[dict]]) -> str:
     lines = [
         "| check | seed | score | bar | result | updates | wall-clock | date | commit | note |",
@@ -63,7 +96,9 @@ def table(results: dict[tuple[str, str], list[dict]]) -> str:
     return "\n".join(lines)
 
 
-def figure(key: tuple[str, str], runs: list[dict], references: list[dict]) -> Path | None:
+def figure(
+    key: tuple[str, str], runs: list[dict], references: list[dict], name: str | None = None
+) -> Path | None:
     if not runs:
         return None
     step_key = "steps" if key[0] == "tdmpc2" else "rows"
@@ -96,7 +131,7 @@ def figure(key: tuple[str, str], runs: list[dict], references: list[dict]) -> Pa
         series.append({"x": ref["x"], "y": ref["y"], "color": "#555555", "width": 2, "label": ref["label"]})
     threshold = runs[0].get("threshold")
     svg = svg_chart(series, threshold, CHECKS[key], step_key)
-    target = FIGURES / f"seeds_{key[0]}_{key[1]}.svg"
+    target = FIGURES / f"{name or f'seeds_{key[0]}_{key[1]}'}.svg"
     target.write_text(svg)
     return target
 
@@ -112,12 +147,22 @@ def main() -> None:
     text = table(results)
     print(text)
     write_table(PAGE, text)
+    groups = load_groups()
+    for stem, r in groups.items():
+        runs = [{**s, "_seed": s["seed"], "threshold": r["threshold"]} for s in r["per_seed"]]
+        path = figure(r["_key"], runs, [], name=f"group_{stem}")
+        if path:
+            print(path)
+    if groups:
+        text = group_table(groups)
+        print(text)
+        write_table(PAGE, text, GROUP_MARKERS)
 
 
-def write_table(page: Path, text: str) -> None:
+def write_table(page: Path, text: str, markers: tuple[str, str] = MARKERS) -> None:
     """Replace the table between the page's markers (the page is left alone without them)."""
     content = page.read_text()
-    start, end = MARKERS
+    start, end = markers
     if start not in content or end not in content:
         return
     head, rest = content.split(start, 1)

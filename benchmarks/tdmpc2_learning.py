@@ -1,10 +1,12 @@
-"""TD-MPC2 learning checks (CPU).
+"""TD-MPC2 learning checks.
 
     python benchmarks/tdmpc2_learning.py --task pendulum --seed 0      # Pendulum-v1, size 1, 6,000 steps
     python benchmarks/tdmpc2_learning.py --task cartpole-balance --seed 0
         # dm_control cartpole-balance, size 1, action repeat 2, 10,000 agent steps
     python benchmarks/tdmpc2_learning.py --task cartpole-balance-pixels --seed 0 --eval-every 0
         # the same from pixels: 64x64 RGB, camera 0, 3 stacked frames, pixel encoder with 8 channels
+    python benchmarks/tdmpc2_learning.py --task pendulum --seeds 0 1 2 3 4   # five seeds in one model
+    python benchmarks/tdmpc2_learning.py --task pendulum --seeds 0 1 --smoke  # tiny settings, < 1 min
 
 Acceptance (written before any run): Pendulum-v1, final evaluation (10 episodes, deterministic) >= -300
 (seed library: -143 and -124); cartpole-balance, final evaluation >= 800 (seed library: 810 and 854).
@@ -13,11 +15,25 @@ from a random policy (293.0 over 10 episodes, benchmarks/results/tdmpc2_multitas
 of the three state-based seeds at the same 10,000 steps (727.0, seed 2).
 An evaluation of 10 deterministic episodes runs every ``--eval-every`` agent steps (default 1,000; each
 costs as many plans as its episodes have steps) and at the end; the returns of the training episodes
-are recorded too. The run is checkpointed every 1,000 agent steps (model, replay, curves) in
-benchmarks/results/checkpoints/tdmpc2_<task>_seed<seed>/ and the same command resumes from there
-(``--stop-after-hours`` ends a process cleanly); train/* statistics go to progress.csv files in that
-folder. Writes the curve to benchmarks/results/tdmpc2_<task>_seed<seed>.json (``"done": false``
-until the last step).
+are recorded too.
+
+``--seeds`` trains every seed in one seed group (``TDMPC2(env, seed=[...])``, one env per seed) and
+evaluates each seed's model (``seed_model(i)``) with the same protocol as a single-seed run; the
+result reports each seed's score and verdict, their mean, interquartile mean and the number of seeds
+that pass.
+
+The run is checkpointed every ``--chunk`` agent steps (default 1,000: two cartpole-balance episodes,
+five of Pendulum-v1) with its model, replay, curves and, between episodes, its envs, in
+benchmarks/results/checkpoints/tdmpc2_<task>_seed<seed>/ (``..._seeds0-4/`` for a group), and the same
+command resumes from there: ``--stop-after-hours`` ends a process cleanly after a segment that passes
+it, ``--budget-s`` before a segment that would end past that many seconds from the process's start.
+train/* statistics go to progress.csv files in that folder. Writes the result to
+benchmarks/results/tdmpc2_<task>_seed<seed>.json (``..._seeds0-4.json``), ``"done": false`` until
+the last step.
+
+``--smoke``: the smallest TD-MPC2 (``SMOKE_SETTINGS``), 50 random steps, two episodes (a checkpoint
+and an evaluation of 1 episode after each); the result and checkpoints go to
+benchmarks/results/checkpoints/smoke/ unless ``--results``/``--checkpoint`` say otherwise.
 """
 
 from __future__ import annotations
@@ -25,15 +41,25 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import time
 from pathlib import Path
 
-from evaluation import evaluate_fresh, learn_in_segments, run_record
+from evaluation import (
+    brief,
+    evaluate_fresh,
+    group_name,
+    group_results,
+    learn_in_segments,
+    run_record,
+    script_command,
+)
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import configure
 
 from sb3_worldmodels import TDMPC2, ActionRepeat, make_dmc_env
+from sb3_worldmodels.common.seed_group import group_vec_env
 from sb3_worldmodels.envs.dmc import use_headless_rendering
-from sb3_worldmodels.tdmpc2.config import MODEL_SIZES
+from sb3_worldmodels.tdmpc2.config import MODEL_SIZES, SMOKE_SETTINGS
 
 PIXEL_THRESHOLD = 293.0 + 0.5 * (727.0 - 293.0)
 """The pixel check's bar (see the module docstring): 510."""
@@ -50,6 +76,9 @@ TASKS = {
 }
 TASKS["cartpole-balance-pixels"] = {**TASKS["cartpole-balance"], "threshold": PIXEL_THRESHOLD, "pixels": True}
 CHECKPOINT_EVERY = 1_000
+EVAL_EPISODES = 10
+SMOKE = dict(settings={**SMOKE_SETTINGS, "seed_steps": 50}, episodes=2, eval_episodes=1)
+"""The smoke run: two episodes of the task, a checkpoint and an evaluation after each."""
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -72,83 +101,133 @@ def make_task_env(task_name: str, seed: int = 0):
     return make_vec_env(task["env"], n_envs=1, seed=seed, **wrapper)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def episode_steps(task_name: str) -> int:
+    """Agent steps per episode of the task (Pendulum-v1: 200; dm_control: 1,000 / action repeat)."""
+    task = TASKS[task_name]
+    return (task["episode_length"] or 200) // task["action_repeat"]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    started = time.time()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--task", choices=TASKS, default="pendulum")
-    parser.add_argument("--seed", type=int, default=0)
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--seed", type=int, default=0)
+    which.add_argument("--seeds", type=int, nargs="+", help="several seeds, trained as one seed group")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--model-size", type=int, default=1)
     parser.add_argument(
-        "--eval-every", type=int, default=1_000, help="agent steps between evaluations (0: only at the end)"
+        "--eval-every", type=int, default=None, help="agent steps between evaluations (0: only at the end)"
+    )
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=None,
+        help="agent steps between checkpoints (default 1,000)",
     )
     parser.add_argument(
         "--checkpoint", type=Path, default=None, help="checkpoint folder (default: see above)"
     )
+    parser.add_argument("--results", type=Path, default=None, help="folder of the result file")
     parser.add_argument("--stop-after-hours", type=float, default=None)
+    parser.add_argument(
+        "--budget-s", type=float, default=None, help="stop before a segment would end past this (seconds)"
+    )
     parser.add_argument("--dropout-masks", choices=["hash", "threefry"], default="hash")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="tiny settings (see above)")
+    args = parser.parse_args(argv)
     task = TASKS[args.task]
-    steps = args.steps or task["steps"]
+    smoke_steps = SMOKE["episodes"] * episode_steps(args.task)
+    steps = args.steps or (smoke_steps if args.smoke else task["steps"])
+    eval_every = args.eval_every
+    if eval_every is None:
+        eval_every = episode_steps(args.task) if args.smoke else 1_000
+    chunk = args.chunk or (episode_steps(args.task) if args.smoke else CHECKPOINT_EVERY)
+    episodes = SMOKE["eval_episodes"] if args.smoke else EVAL_EPISODES
     repeat = task["action_repeat"]
     suffix = "" if args.dropout_masks == "hash" else f"_{args.dropout_masks}"
-    name = f"tdmpc2_{args.task}_seed{args.seed}{suffix}"
-    checkpoint = args.checkpoint or RESULTS / "checkpoints" / name
+    seeds = f"seed{args.seed}" if args.seeds is None else group_name(args.seeds)
+    name = f"tdmpc2_{args.task}_{seeds}{suffix}"
+    results = args.results or (RESULTS / "checkpoints" / "smoke" if args.smoke else RESULTS)
+    checkpoint = args.checkpoint or RESULTS / "checkpoints" / ("smoke" if args.smoke else "") / name
+    settings = SMOKE["settings"] if args.smoke else {"model_size": args.model_size}
 
     make_env = functools.partial(make_task_env, args.task)
 
     def make_model() -> TDMPC2:
         # the pixel encoder's flattened 4 x 4 map is the latent: num_channels x 16 = latent_dim
-        latent_dim = MODEL_SIZES[args.model_size][2]
+        latent_dim = settings.get("latent_dim", MODEL_SIZES[settings["model_size"]][2])
         pixel_encoder = {"num_channels": latent_dim // 16} if task.get("pixels") else {}
+        env = make_env(args.seed) if args.seeds is None else group_vec_env(make_env, tuple(args.seeds))
         return TDMPC2(
             "CnnPolicy" if task.get("pixels") else "MlpPolicy",
-            make_env(args.seed),
-            model_size=args.model_size,
-            **pixel_encoder,
+            env,
+            **{**settings, **pixel_encoder},
             action_repeat=repeat,
             episode_length=task["episode_length"],
             dropout_masks=args.dropout_masks,
-            seed=args.seed,
+            seed=args.seed if args.seeds is None else args.seeds,
         )
 
     stop = None if args.stop_after_hours is None else 3600 * args.stop_after_hours
     model, record = learn_in_segments(
         make_model,
         steps,
-        evaluate_fresh(make_env, args.seed, 10, deterministic=True),
-        eval_every=args.eval_every,
-        checkpoint_every=CHECKPOINT_EVERY,
+        evaluate_fresh(make_env, None, episodes, deterministic=True),
+        eval_every=eval_every,
+        checkpoint_every=chunk,
         checkpoint=checkpoint,
         action_repeat=repeat,
         stop_after_seconds=stop,
         logger=lambda start: configure(str(checkpoint / f"log_from_{start}"), ["csv"]),
+        budget_seconds=args.budget_s,
+        started=started,
     )
-    score = record["curve"][-1]["eval_mean"]
-    result = {
+    where = run_record(script_command(__file__, argv))
+    head = {
         "task": args.task,
-        "seed": args.seed,
+        **({"seed": args.seed} if args.seeds is None else {"seeds": args.seeds}),
         "steps": model.num_timesteps,
         "done": record["done"],
         "updates": model._n_updates,
         "wall_seconds": record["seconds"],
         "resumed_at": record["resumed_at"],
-        "score": score,
-        "threshold": task["threshold"],
-        "passed": bool(record["done"] and score >= task["threshold"]),
-        "settings": {
-            "model_size": args.model_size,
-            "action_repeat": repeat,
-            "seed_steps": model.seed_steps,
-            "dropout_masks": args.dropout_masks,
-        },
-        **run_record(),
-        "curve": record["curve"],
-        "train_curve": record["train_curve"],
     }
-    out = RESULTS / f"{name}.json"
-    out.parent.mkdir(exist_ok=True)
+    run_settings = {
+        "model_size": settings["model_size"],
+        "action_repeat": repeat,
+        "seed_steps": model.seed_steps,
+        "dropout_masks": args.dropout_masks,
+        **({"smoke": SMOKE["settings"]} if args.smoke else {}),
+    }
+    if args.seeds is None:
+        score = record["curve"][-1]["eval_mean"] if record["curve"] else float("nan")
+        result = {
+            **head,
+            "score": score,
+            "threshold": task["threshold"],
+            "passed": bool(record["done"] and score >= task["threshold"]),
+            "settings": run_settings,
+            **where,
+            "curve": record["curve"],
+            "train_curve": record["train_curve"],
+        }
+    else:
+        summary, per_seed = group_results(
+            record,
+            model,
+            lambda curve: curve[-1]["eval_mean"] if curve else float("nan"),
+            task["threshold"],
+            "steps",
+        )
+        result = {**head, **summary, "settings": run_settings, **where, "per_seed": per_seed}
+    out = results / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k not in ("curve", "train_curve")}))
+    print(json.dumps(brief(result)))
+    return result
 
 
 if __name__ == "__main__":

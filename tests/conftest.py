@@ -190,6 +190,9 @@ EXTENDED_TESTS = {
     "test_envs.py::test_headless_rendering_is_chosen_without_a_display_and_a_missing_renderer_says_how": (
         "renderer subprocesses"
     ),
+    "test_benchmarks_learning.py::test_a_seed_group_check_stopped_by_its_budget_resumes_exactly": (
+        "a learning check's smoke run of a seed group, three times through learn"
+    ),
 }
 """Single tests of the second tier: ``file::function`` (every parametrisation) or ``file::function[id]``."""
 

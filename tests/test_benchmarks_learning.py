@@ -1,4 +1,5 @@
-"""The learning checks' runner: a run split across processes by its checkpoints resumes where it stopped."""
+"""The learning checks' runner: a run split across processes by its checkpoints resumes where it stopped;
+a seed group's check, stopped by its time budget and resumed, ends as the uninterrupted one."""
 
 from __future__ import annotations
 
@@ -7,13 +8,18 @@ import sys
 from pathlib import Path
 
 import gymnasium as gym
+import jax
+import numpy as np
+import pytest
 from stable_baselines3.common.monitor import Monitor
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 
-from evaluation import evaluate_fresh, learn_in_segments  # noqa: E402
+import dreamerv3_learning  # noqa: E402
+import tdmpc2_learning  # noqa: E402
+from evaluation import evaluate_fresh, group_name, learn_in_segments, seeds_result  # noqa: E402
 
-from sb3_worldmodels import DreamerV3  # noqa: E402
+from sb3_worldmodels import TDMPC2, DreamerV3  # noqa: E402
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS  # noqa: E402
 
 
@@ -50,3 +56,58 @@ def test_a_checkpointed_run_resumes_where_it_stopped(tmp_path):
     assert all(len(p["eval_returns"]) == 2 and p["seconds"] > 0 for p in record["curve"])
     saved = json.loads((tmp_path / "progress.json").read_text())  # only the last checkpoint is kept
     assert sorted(p.name for p in tmp_path.glob("*_*")) == sorted(saved["files"].values())
+
+
+# ------------------------------------------------------------------ seed groups, resumed in segments
+SCRIPTS = {"tdmpc2": (tdmpc2_learning, TDMPC2, "steps"), "dreamerv3": (dreamerv3_learning, DreamerV3, "rows")}
+
+
+def smoke_check(agent: str, folder: Path, *extra: str) -> dict:
+    script, _, _ = SCRIPTS[agent]
+    args = ["--task", "pendulum", "--seeds", "0", "1", "--smoke", "--results", str(folder)]
+    return script.main([*args, "--checkpoint", str(folder / "checkpoint"), *extra])
+
+
+@pytest.mark.parametrize("agent", list(SCRIPTS))
+def test_a_seed_group_check_stopped_by_its_budget_resumes_exactly(agent, tmp_path):
+    """The smoke check of a two-seed group (two Pendulum-v1 episodes, a checkpoint after each): run
+    whole, and stopped by ``--budget-s 0`` after its first segment, then resumed by the same command in
+    a new call. The checkpoint between episodes keeps the envs, so the resumed run equals the whole one:
+    every seed's evaluations, training episodes, steps and final state."""
+    _, cls, x_key = SCRIPTS[agent]
+    whole = smoke_check(agent, tmp_path / "whole")
+    first = smoke_check(agent, tmp_path / "split", "--budget-s", "0")
+    assert first["done"] is False and len(first["per_seed"][0]["curve"]) == 1
+    half = first[x_key]
+    saved = json.loads((tmp_path / "split" / "checkpoint" / "progress.json").read_text())
+    assert "envs" in saved["files"] and saved["num_timesteps"] == half  # between episodes: envs kept
+    second = smoke_check(agent, tmp_path / "split")
+    assert second["done"] is True and second["resumed_at"] == [half] and whole["resumed_at"] == []
+    assert second[x_key] == whole[x_key] > half
+    for mine, theirs in zip(second["per_seed"], whole["per_seed"], strict=True):
+        assert mine["seed"] == theirs["seed"] and mine[x_key] == theirs[x_key]
+        assert [p["eval_returns"] for p in mine["curve"]] == [p["eval_returns"] for p in theirs["curve"]]
+        assert mine["train_curve"] == theirs["train_curve"] and len(mine["train_curve"]) == 2
+        assert mine["updates"] == theirs["updates"] > 0 and mine["passed"] == (mine["score"] >= -300)
+    assert {k: whole[k] for k in ("mean", "iqm", "n_passed")} == {
+        k: second[k] for k in ("mean", "iqm", "n_passed")
+    }
+    assert whole["n_seeds"] == 2 and whole["backend"] == "cpu" and "--smoke" in whole["command"]
+    states = []
+    for run in ("whole", "split"):
+        files = json.loads((tmp_path / run / "checkpoint" / "progress.json").read_text())["files"]
+        states.append(cls.load(tmp_path / run / "checkpoint" / files["model"]).policy.state)
+    leaves = jax.tree_util.tree_leaves_with_path(states[0])
+    for (path, a), b in zip(leaves, jax.tree_util.tree_leaves(states[1]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+    written = json.loads((tmp_path / "whole" / f"{agent}_pendulum_seeds0-1.json").read_text())
+    assert written["per_seed"][1]["curve"] == whole["per_seed"][1]["curve"]
+
+
+def test_a_seed_groups_summary_and_file_name():
+    """Five seeds: the mean, the interquartile mean (the middle three of five) and the seeds passing."""
+    summary = seeds_result([-900.0, -150.0, -120.0, -100.0, 50.0], [False, True, True, True, True])
+    assert summary == {"mean": -244.0, "iqm": -370.0 / 3, "n_passed": 4, "n_seeds": 5}
+    assert seeds_result([1.0, 3.0], [True, False])["iqm"] == 2.0  # fewer than 4 seeds: the mean
+    assert group_name([0, 1, 2, 3, 4]) == "seeds0-4" and group_name([5, 2]) == "seeds5_2"
+    assert group_name([7]) == "seeds7"
