@@ -350,14 +350,15 @@ def save_checkpoint(checkpoint: Path, record: dict, model: BaseAlgorithm) -> Non
 
 def pickled_envs(model: BaseAlgorithm) -> bytes | None:
     """The model's envs pickled, when every env's episode has just ended and the VecEnv is a plain
-    DummyVecEnv whose envs pickle (Gymnasium's classic control, dm_control through shimmy); None
-    otherwise (e.g. envs that render through an OpenGL context), and the resume restarts the envs."""
+    DummyVecEnv whose envs pickle (Gymnasium's classic control, dm_control through shimmy, also from
+    pixels); None otherwise, and the resume restarts the envs."""
     env = model.get_env()
     if not model.at_episode_boundary or type(env) is not DummyVecEnv:
         return None
     try:
         return cloudpickle.dumps(env.envs)
-    except (TypeError, AttributeError, pickle.PicklingError, ValueError):
+    except Exception as error:  # an env holding what does not pickle (a handle, a lock, a context)
+        print(json.dumps({"envs_not_saved": f"{type(error).__name__}: {error}"}), flush=True)
         return None
 
 

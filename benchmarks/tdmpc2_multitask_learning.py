@@ -1,8 +1,9 @@
-"""TD-MPC2 multi-task learning check (CPU): one model trained offline on a pool of our own runs.
+"""TD-MPC2 multi-task learning check: one model trained offline on a pool of our own runs.
 
     python benchmarks/tdmpc2_multitask_learning.py single --task cartpole-balance   # 8,000 agent steps
     python benchmarks/tdmpc2_multitask_learning.py single --task reacher-easy       # 8,000 agent steps
     python benchmarks/tdmpc2_multitask_learning.py multi                            # 10,000 updates
+    python benchmarks/tdmpc2_multitask_learning.py multi --seeds 0 1 2   # three seeds in one model
 
 ``single``: a size-1 TDMPC2 learns the dm_control task online (action repeat 2, seed 0; checkpointed
 and resumable as benchmarks/tdmpc2_learning.py), then its whole replay is exported
@@ -18,6 +19,15 @@ least ``random + 0.5 * (single - random)``, half of the single-task agent's marg
 policy, where ``single`` is the agent whose replay is in the pool. A task whose single-task agent is
 not at least 100 above random carries no evidence and is reported as such, not counted as a pass.
 Results: benchmarks/results/tdmpc2_multitask_<task>.json (single) and tdmpc2_multitask.json (multi).
+
+``multi --seeds 0 1 2`` trains the multi-task model as a seed group (``TDMPC2MultiTask(pool,
+seed=[0, 1, 2])``, one program; every seed samples its own windows from the same pool) and evaluates
+each seed as above; the pool and the bars are those of the single-seed check. The result,
+tdmpc2_multitask_seeds0-2.json, holds per task each seed's score and verdict, their mean and
+interquartile mean and the seeds that pass; a seed passes the check when it passes on every task.
+
+``--smoke`` (both phases): the smallest TD-MPC2 (``SMOKE_SETTINGS``), one episode per task (50 random
+steps), 20 updates at batch 16 and one evaluation episode, in benchmarks/results/checkpoints/smoke/.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from evaluation import evaluate_fresh, learn_in_segments, run_record
+from evaluation import evaluate_fresh, group_name, learn_in_segments, run_record, script_command, seeds_result
 from gymnasium.wrappers import FlattenObservation
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import configure
@@ -42,6 +52,7 @@ from sb3_worldmodels import (
     export_episodes,
     pool_tasks,
 )
+from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS
 
 TASKS = ("cartpole-balance", "reacher-easy")
 ACTION_REPEAT = 2
@@ -53,6 +64,15 @@ SEED = 0
 RESULTS = Path(__file__).parent / "results"
 DATA = RESULTS / "checkpoints" / "tdmpc2_multitask"
 FIGURES = Path(__file__).resolve().parents[1] / "docs" / "figures"
+SMOKE = dict(
+    settings=SMOKE_SETTINGS,  # batches of 16
+    seed_steps=50,
+    single_steps=500,
+    updates=20,
+    eval_every=10,
+    episodes=1,
+)
+"""The smoke run: one episode per task online (500 agent steps), 20 offline updates."""
 
 
 def make_env(task: str, seed: int = 0):
@@ -87,16 +107,19 @@ def random_returns(task: str, episodes: int, seed: int) -> list[float]:
     return returns
 
 
-def single(task: str) -> None:
-    checkpoint = DATA / f"single_{task}"
+def single(task: str, smoke: bool = False, argv: list[str] | None = None) -> None:
+    data, results = where(smoke)
+    checkpoint = data / f"single_{task}"
+    settings = {**SMOKE["settings"], "seed_steps": SMOKE["seed_steps"]} if smoke else {"model_size": 1}
 
     def make_model() -> TDMPC2:
-        return TDMPC2("MlpPolicy", make_vec(task, SEED), model_size=1, action_repeat=ACTION_REPEAT, seed=SEED)
+        return TDMPC2("MlpPolicy", make_vec(task, SEED), **settings, action_repeat=ACTION_REPEAT, seed=SEED)
 
-    evaluate = evaluate_fresh(functools.partial(make_vec, task), SEED, 10, deterministic=True)
+    episodes = SMOKE["episodes"] if smoke else 10
+    evaluate = evaluate_fresh(functools.partial(make_vec, task), SEED, episodes, deterministic=True)
     model, record = learn_in_segments(
         make_model,
-        SINGLE_STEPS,
+        SMOKE["single_steps"] if smoke else SINGLE_STEPS,
         evaluate,
         eval_every=0,
         checkpoint_every=1_000,
@@ -106,8 +129,8 @@ def single(task: str) -> None:
     )
     if not record["done"]:
         return
-    export = export_episodes(model, DATA / f"{task}.npz")
-    rand = random_returns(task, 10, 20_000)
+    export = export_episodes(model, data / f"{task}.npz")
+    rand = random_returns(task, episodes, 20_000)
     result = {
         "task": task,
         "steps": model.num_timesteps,
@@ -117,42 +140,61 @@ def single(task: str) -> None:
         "single_returns": record["curve"][-1]["eval_returns"],
         "random": float(np.mean(rand)),
         "random_returns": rand,
-        "export": str(export.relative_to(RESULTS.parent.parent)),
-        **run_record(),
+        "export": str(export.resolve().relative_to(RESULTS.resolve().parent.parent)),
+        **run_record(script_command(__file__, argv)),
         "train_curve": record["train_curve"],
     }
-    (RESULTS / f"tdmpc2_multitask_{task}.json").write_text(json.dumps(result, indent=1))
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"tdmpc2_multitask_{task}.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "train_curve"}))
 
 
-def multi() -> None:
-    singles = {task: json.loads((RESULTS / f"tdmpc2_multitask_{task}.json").read_text()) for task in TASKS}
-    pool = pool_tasks({task: DATA / f"{task}.npz" for task in TASKS}, DATA / "pool", overwrite=True)
-    model = TDMPC2MultiTask(pool, model_size=1, seed=SEED)
-    model.set_logger(configure(str(DATA / "multi_log"), ["csv"]))
+def where(smoke: bool) -> tuple[Path, Path]:
+    """The folders of the run's data (exports, pool, logs) and of its result files."""
+    if smoke:
+        return DATA.parent / "smoke" / "tdmpc2_multitask", RESULTS / "checkpoints" / "smoke"
+    return DATA, RESULTS
+
+
+def task_verdict(score: float, single: float, rand: float) -> dict:
+    """One task's verdict: the bar (half the single-task agent's margin over random) and the pass."""
+    bar = rand + 0.5 * (single - rand)
+    evidence = single - rand >= 100.0
+    return {
+        "multitask": score,
+        "single": single,
+        "random": rand,
+        "bar": bar,
+        "normalised": (score - rand) / (single - rand) if single != rand else None,
+        "evidence": evidence,
+        "passed": bool(evidence and score >= bar),
+    }
+
+
+def multi(seeds: list[int] | None = None, smoke: bool = False, argv: list[str] | None = None) -> dict:
+    data, results = where(smoke)
+    singles = {task: json.loads((results / f"tdmpc2_multitask_{task}.json").read_text()) for task in TASKS}
+    pool = pool_tasks({task: data / f"{task}.npz" for task in TASKS}, data / "pool", overwrite=True)
+    settings = SMOKE["settings"] if smoke else {"model_size": 1}
+    model = TDMPC2MultiTask(pool, **settings, seed=SEED if seeds is None else seeds)
+    group = "" if seeds is None else f"_{group_name(seeds)}"
+    model.set_logger(configure(str(data / f"multi{group}_log"), ["csv"]))
     envs = {task: FlattenObservation(make_env(task, SEED)) for task in TASKS}
-    callback = MultiTaskEvalCallback(
-        envs, eval_freq=EVAL_EVERY_UPDATES, n_eval_episodes=EVAL_EPISODES, verbose=1
-    )
+    episodes, final_episodes = (SMOKE["episodes"],) * 2 if smoke else (EVAL_EPISODES, FINAL_EPISODES)
+    every = SMOKE["eval_every"] if smoke else EVAL_EVERY_UPDATES
+    callback = MultiTaskEvalCallback(envs, eval_freq=every, n_eval_episodes=episodes, verbose=1)
     start = time.time()
-    model.learn(UPDATES, callback=callback, log_interval=1_000)
-    final = model.evaluate(envs, n_eval_episodes=FINAL_EPISODES)
+    model.learn(SMOKE["updates"] if smoke else UPDATES, callback=callback, log_interval=1_000)
+    if seeds is None:
+        finals = [model.evaluate(envs, n_eval_episodes=final_episodes)]
+    else:
+        finals = [model.evaluate(envs, final_episodes, seed_index=i) for i in range(len(seeds))]
     seconds = time.time() - start
-    model.save(DATA / "multitask.npz")
-    tasks = {}
-    for task in TASKS:
-        single, rand = singles[task]["single"], singles[task]["random"]
-        bar = rand + 0.5 * (single - rand)
-        evidence = single - rand >= 100.0
-        tasks[task] = {
-            "multitask": final[task],
-            "single": single,
-            "random": rand,
-            "bar": bar,
-            "normalised": (final[task] - rand) / (single - rand) if single != rand else None,
-            "evidence": evidence,
-            "passed": bool(evidence and final[task] >= bar),
-        }
+    model.save(data / f"multitask{group}.npz")
+    verdicts = [
+        {task: task_verdict(final[task], singles[task]["single"], singles[task]["random"]) for task in TASKS}
+        for final in finals
+    ]
     result = {
         "updates": model.num_timesteps,
         "wall_seconds": round(seconds, 1),
@@ -163,13 +205,31 @@ def multi() -> None:
             "action_dim": pool.action_dim,
             "tasks": list(pool.tasks),
         },
-        "tasks": tasks,
-        "passed": all(t["passed"] for t in tasks.values()),
-        **run_record(),
-        "curve": callback.evaluations,
     }
-    (RESULTS / "tdmpc2_multitask.json").write_text(json.dumps(result, indent=1))
+    if seeds is None:
+        tasks = verdicts[0]
+        result.update(tasks=tasks, passed=all(t["passed"] for t in tasks.values()))
+    else:
+        passed = [all(t["passed"] for t in v.values()) for v in verdicts]
+        result["seeds"] = seeds
+        result["tasks"] = {
+            task: {
+                **{k: verdicts[0][task][k] for k in ("single", "random", "bar", "evidence")},
+                **seeds_result(
+                    [v[task]["multitask"] for v in verdicts], [v[task]["passed"] for v in verdicts]
+                ),
+                "per_seed": [
+                    {"seed": seed, "score": v[task]["multitask"], "passed": v[task]["passed"]}
+                    for seed, v in zip(seeds, verdicts, strict=True)
+                ],
+            }
+            for task in TASKS
+        }
+        result.update(n_passed=sum(passed), n_seeds=len(seeds), per_seed_passed=passed)
+    result.update(settings=settings, **run_record(script_command(__file__, argv)), curve=callback.evaluations)
+    (results / f"tdmpc2_multitask{group}.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
+    return result
 
 
 def plot() -> None:
@@ -219,15 +279,23 @@ def plot() -> None:
         print(target)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("phase", choices=["single", "multi", "plot"])
     parser.add_argument("--task", choices=TASKS, default=TASKS[0])
-    args = parser.parse_args()
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", help="multi: several seeds, trained as one seed group"
+    )
+    parser.add_argument("--smoke", action="store_true", help="tiny settings (see above)")
+    args = parser.parse_args(argv)
+    if args.seeds is not None and args.phase != "multi":
+        parser.error("--seeds is for the multi phase (the pool is the single-task agents' of seed 0)")
     if args.phase == "single":
-        single(args.task)
+        single(args.task, args.smoke, argv)
     elif args.phase == "multi":
-        multi()
+        multi(args.seeds, args.smoke, argv)
     else:
         plot()
 
