@@ -6,6 +6,7 @@ single-seed program.
     python benchmarks/seeds_core_speed.py --agent tdmpc2 --seeds 1 --seeds 16 --repeats 20
     XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu \
         python benchmarks/seeds_core_speed.py --seeds 4 --seeds 8 --sharded    # 4 CPU devices
+    python benchmarks/seeds_core_speed.py --gather-free on --gather-free off   # both forms, side by side
 
 DreamerV3: one "1m" update at 16 x 64 (CartPole shapes: obs 4, two discrete actions), the group's
 training call of ``blocks.seeds.masked_updates`` with every update active. TD-MPC2: one size-1
@@ -13,6 +14,10 @@ agent step (Pendulum shapes: obs 3, action 1), a plan for one env per seed and o
 
 ``--sharded`` times each seed count also with its seed axis sharded over the host's devices
 (``blocks.devices.seed_placement``, as a seed group places it), beside the same program on one.
+
+``--gather-free`` (repeatable) builds the programs in the given forms of ``blocks.backend``: "auto"
+(the default: gather-free on every backend but the CPU), "on" or "off"; each row records the form
+it ran (``gather_free``).
 
 Each timing is a median over ``--repeats`` calls after compilation; the seed counts of an agent are
 timed round-robin in one process, so a busy neighbour on the CPU affects every row alike. Prints one
@@ -37,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
+from sb3_worldmodels.blocks.backend import GATHER_FREE_MODES, gather_free, gather_free_forms  # noqa: E402
 from sb3_worldmodels.blocks.devices import seed_placement  # noqa: E402
 from sb3_worldmodels.blocks.seeds import masked_updates, stack_trees  # noqa: E402
 
@@ -174,6 +180,12 @@ def main() -> None:
     parser.add_argument(
         "--sharded", action="store_true", help="each seed count also sharded over the host's devices"
     )
+    parser.add_argument(
+        "--gather-free",
+        choices=GATHER_FREE_MODES,
+        action="append",
+        help="the programs' form (blocks.backend), repeatable: every count timed in each (default auto)",
+    )
     args = parser.parse_args()
     common = {
         "cpu": cpu_model(),
@@ -183,21 +195,26 @@ def main() -> None:
         "jax": jax.__version__,
         "date": datetime.date.today().isoformat(),
     }
+    modes = args.gather_free or ["auto"]
     for agent in args.agent or sorted(AGENTS):
         build, what = AGENTS[agent]
         seed_counts = args.seeds or [1, 2, 4, 8]
-        # (seeds, sharded); seeds 0: the single-seed program
+        # (form, seeds, sharded); seeds 0: the single-seed program
         counts = [(0, False), *((n, False) for n in seed_counts)]
         counts += [(n, True) for n in seed_counts if args.sharded and n > 1]
-        calls, compiles = {}, {}
-        for n, sharded in counts:
-            calls[n, sharded], compiles[n, sharded] = build(n, sharded)
-        times: dict[tuple[int, bool], list[dict[str, float]]] = {key: [] for key in counts}
+        keys = [(mode, n, sharded) for mode in modes for n, sharded in counts]
+        calls, compiles, forms = {}, {}, {}
+        for key in keys:
+            mode, n, sharded = key
+            with gather_free_forms(mode):  # the programs are built (and compiled) in this form
+                calls[key], compiles[key] = build(n, sharded)
+                forms[key] = gather_free()
+        times: dict[tuple[str, int, bool], list[dict[str, float]]] = {key: [] for key in keys}
         for _ in range(args.repeats):
-            for key in counts:
+            for key in keys:
                 times[key].append(calls[key]())
-        for key in counts:
-            n, sharded = key
+        for key in keys:
+            mode, n, sharded = key
             ms = float(np.median([sum(parts.values()) for parts in times[key]]) * 1e3)
             parts = {
                 f"{part}_ms": round(float(np.median([t[part] for t in times[key]]) * 1e3), 1)
@@ -209,6 +226,8 @@ def main() -> None:
                 "agent": agent,
                 "call": what,
                 "program": program if placement is None else f"{program}, sharded",
+                "gather_free": forms[key],
+                "gather_free_mode": mode,
                 "on_devices": 1 if placement is None else len(placement.devices),
                 "seeds": max(n, 1),
                 "ms_per_call": round(ms, 1),
