@@ -12,7 +12,8 @@ select order statistics by counting instead of sorting.
 The switch: :func:`gather_free` says whether the programs traced now use these forms. By default
 (``"auto"``) they do on every backend but the CPU, where the programs stay those tuned and
 parity-tested with gathers, searches and sorts. :func:`gather_free_forms` (a context manager) and
-:func:`set_gather_free` force either form, e.g. to test the accelerator's programs on a CPU. The
+:func:`set_gather_free` force either form, e.g. to test the accelerator's programs on a CPU, and the
+environment variable :data:`ENV_VAR` sets the mode of a process (read at import). The
 agents' jitted functions (:func:`~sb3_worldmodels.blocks.jit.agent_jit`) keep one program per form,
 each traced under the form it was built for; a plain ``jax.jit`` of an agent function keeps whatever
 form it was first traced under.
@@ -25,6 +26,7 @@ entry (a multi-task embedding row) are summed in another order.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Sequence
 
 import jax
@@ -35,6 +37,7 @@ Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 
 __all__ = [
+    "ENV_VAR",
     "GATHER_FREE_MODES",
     "count_at_most",
     "gather_free",
@@ -50,7 +53,8 @@ __all__ = [
 GATHER_FREE_MODES = ("auto", "on", "off")
 """Values of :func:`set_gather_free`: "auto" (gather-free on every backend but the CPU), "on", "off"."""
 
-_mode = "auto"
+ENV_VAR = "SB3WM_GATHER_FREE"
+"""Environment variable with the process's mode (one of :data:`GATHER_FREE_MODES`; "auto" if unset)."""
 
 
 def gather_free_mode() -> str:
@@ -72,6 +76,16 @@ def _check_mode(mode: str | bool) -> str:
     if mode not in GATHER_FREE_MODES:
         raise ValueError(f"the gather-free mode must be one of {GATHER_FREE_MODES} or a bool, got {mode!r}.")
     return mode
+
+
+def _mode_from_environment() -> str:
+    mode = os.environ.get(ENV_VAR, "auto")
+    if mode not in GATHER_FREE_MODES:
+        raise ValueError(f"{ENV_VAR}={mode!r}: the gather-free mode must be one of {GATHER_FREE_MODES}.")
+    return mode
+
+
+_mode = _mode_from_environment()
 
 
 def set_gather_free(mode: str | bool) -> None:
