@@ -12,6 +12,8 @@
   seed).
 - :mod:`~sb3_worldmodels.blocks.devices`: every local device (a seed axis sharded over them; one
   model's batch split over them).
+- :mod:`~sb3_worldmodels.blocks.backend`: the forms chosen per backend (gather-free lookups, searches
+  and percentiles on accelerators).
 """
 
 from sb3_worldmodels.blocks.distributions import (
