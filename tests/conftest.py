@@ -172,6 +172,9 @@ EXTENDED_TESTS = {
     "test_devices.py::test_a_multitask_group_sharded_over_4_devices_equals_it_on_one": (
         "a multi-task group compiled and run in two fresh processes, on 4 devices and on 1"
     ),
+    "test_steady_state.py::test_dreamerv3_group_learn_compiles_nothing_after_the_first_training_call": (
+        "a DreamerV3 group's programs compiled and run through learn"
+    ),
     "test_devices.py::test_a_tdmpc2_group_sharded_over_4_devices_equals_it_on_one": (
         "a group compiled and run in two fresh processes, on 4 devices and on 1"
     ),

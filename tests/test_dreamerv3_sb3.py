@@ -27,6 +27,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNorm
 
 from sb3_worldmodels import DreamerV3, WorldModelCallback
 from sb3_worldmodels.common.boundary import UnsupportedSpaceError
+from sb3_worldmodels.common.training import training_call
 from sb3_worldmodels.dreamerv3 import agent as core
 from sb3_worldmodels.dreamerv3 import networks as N
 from tests.probe_envs import ChainEnv, DictObsEnv, NaNEnv, ScriptedEpisodesEnv
@@ -347,9 +348,9 @@ def test_split_run_equals_whole_run(tmp_path):
 def test_no_recompilation_after_first_update():
     model = tiny("CartPole-v1")
     model.learn(80)
-    sizes = (core.train_many_jit._cache_size(), core.policy_step_jit._cache_size())
+    sizes = (training_call(core)._cache_size(), core.policy_step_jit._cache_size())
     model.learn(80, reset_num_timesteps=False)
-    assert (core.train_many_jit._cache_size(), core.policy_step_jit._cache_size()) == sizes
+    assert (training_call(core)._cache_size(), core.policy_step_jit._cache_size()) == sizes
 
 
 def test_subproc_and_dict_observations():

@@ -109,35 +109,43 @@ def toy_train_step(config: Toy, state: ToyState, batch):
     return ToyState(w, state.count + 1), {"norm": jnp.sum(w**2)}, w[0]
 
 
-def test_masked_updates_skip_inactive_updates_exactly():
-    train = S.masked_updates(toy_train_step)
+def test_counted_updates_run_the_first_count_and_leave_the_rest_unread():
+    train = S.counted_updates(toy_train_step)
     state = ToyState(jnp.asarray([1.0, 2.0]), jnp.asarray(0, jnp.int32))
-    batches = jnp.asarray([[0.1, 0.2], [0.3, 0.4]])
-    one = toy_train_step(Toy(), state, batches[0])[0]
-    two = toy_train_step(Toy(), one, batches[1])[0]
-    second_only = toy_train_step(Toy(), state, batches[1])[0]
-    for active, expected in (([1, 1], two), ([1, 0], one), ([0, 1], second_only), ([0, 0], state)):
-        new, metrics, extra = train(Toy(), state, batches, np.asarray(active, bool))
-        np.testing.assert_array_equal(new.w, expected.w)  # exactly: a select, not arithmetic
-        assert int(new.count) == int(expected.count) and metrics["norm"].shape == (2,) and extra.shape == (2,)
-    assert train.__name__ == "masked_toy_train_step"
+    batches = jnp.asarray([[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]])
+    expected = [state]
+    for batch in batches:
+        expected.append(toy_train_step(Toy(), expected[-1], batch)[0])
+    for count in range(4):
+        new, metrics, extra = train(Toy(), state, batches, np.int32(count))
+        np.testing.assert_array_equal(new.w, expected[count].w)  # exactly: the updates run, no arithmetic
+        assert int(new.count) == count and metrics["norm"].shape == (3,) and extra.shape == (3,)
+        np.testing.assert_array_equal(extra[count:], 0.0)  # updates past the count are not run
+    poisoned = batches.at[2].set(jnp.nan)  # a batch past the count is never read
+    assert np.isfinite(train(Toy(), state, poisoned, np.int32(2))[0].w).all()
+    everything = train(Toy(), state, batches, None)  # None: all K, the core's train_many
+    np.testing.assert_array_equal(everything[0].w, expected[3].w)
+    assert train.__name__ == "counted_toy_train_step"
+    assert train._cache_size() == 2  # one program for every count (and one for None)
     # Over seeds: each seed its own number of updates, one call.
     states = S.stack_trees([state, ToyState(state.w + 1.0, state.count)])
-    active = np.asarray([[1, 1], [1, 0]], bool)
-    group = train.over_seeds(Toy())(states, jnp.stack([batches, batches]), active)[0]
-    np.testing.assert_array_equal(S.tree_slice(group, 0).w, two.w)
+    group = train.over_seeds(Toy())(states, jnp.stack([batches, batches]), np.asarray([3, 1], np.int32))[0]
+    np.testing.assert_array_equal(S.tree_slice(group, 0).w, expected[3].w)
     alone = toy_train_step(Toy(), ToyState(state.w + 1.0, state.count), batches[0])[0]
     np.testing.assert_array_equal(S.tree_slice(group, 1).w, alone.w)
-    assert [int(c) for c in group.count] == [2, 1]
+    assert [int(c) for c in group.count] == [3, 1]
 
 
-def test_masked_updates_run_one_update_without_a_loop():
+def test_counted_updates_run_one_update_without_a_loop():
     """K = 1 is not a loop of one (XLA:CPU's slow convolution gradients in loops, blocks.jit.scan_updates)."""
-    train = S.masked_updates(toy_train_step)
+    train = S.counted_updates(toy_train_step)
     state = ToyState(jnp.ones(2), jnp.asarray(0, jnp.int32))
-    one = train.lower(Toy(), state, jnp.ones((1, 2)), np.ones(1, bool)).as_text()
-    two = train.lower(Toy(), state, jnp.ones((2, 2)), np.ones(2, bool)).as_text()
+    one = train.lower(Toy(), state, jnp.ones((1, 2)), np.int32(1)).as_text()
+    two = train.lower(Toy(), state, jnp.ones((2, 2)), np.int32(1)).as_text()
     assert "stablehlo.while" not in one and "stablehlo.while" in two
+    kept = train(Toy(), state, jnp.ones((1, 2)), np.int32(0))[0]  # none of its one update: the state
+    np.testing.assert_array_equal(kept.w, state.w)
+    assert int(kept.count) == 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -314,9 +322,10 @@ def check_training(case: Case) -> None:
     core = case.core
     case = dataclasses.replace(case, states=list(case.states))
     case.states[0] = core.set_learning_rate(case.states[0], 3 * case.config.learning_rate)
-    train = S.masked_updates(core.train_step)
+    train = S.counted_updates(core.train_step)
     states = S.stack_trees(case.states)
-    group = train.over_seeds(case.config)(states, S.stack_trees(case.batches), np.asarray(case.active))
+    counts = np.asarray([sum(active) for active in case.active], np.int32)
+    group = train.over_seeds(case.config)(states, S.stack_trees(case.batches), counts)
     new_states = S.unstack_tree(group[0])
     for seed, active in zip(SEEDS, case.active, strict=True):
         if not any(active):  # exactly the state it had
@@ -395,13 +404,13 @@ def test_settings_per_seed_equal_single_seed_runs_and_every_field_reaches_the_pr
     batch = jax.tree_util.tree_map(lambda x: x[:1], case.batches[1])
     states, batches = S.stack_trees([state, state]), S.stack_trees([batch, batch])
     act_args = S.stack_trees([case.acting(config, state, 0)] * 2)
-    train = S.masked_updates(case.core.train_step)
+    train = S.counted_updates(case.core.train_step)
     act = case.core.policy_step_jit if agent == "dreamerv3" else case.core.act_jit
 
     def run(changes: dict[str, float]) -> tuple:
         values = {name: [getattr(config, name), changes.get(name, getattr(config, name))] for name in fields}
         seeded = module.seed_settings(config, values)
-        trained = train.over_seeds(seeded)(states, batches, np.ones((2, 1), bool))
+        trained = train.over_seeds(seeded)(states, batches, np.ones(2, np.int32))
         return trained, act.over_seeds(seeded)(*act_args)
 
     trained, _ = run(SCALES[agent])

@@ -21,6 +21,7 @@ from stable_baselines3.common.monitor import Monitor
 from sb3_worldmodels import TDMPC2
 from sb3_worldmodels.blocks.images import SHIFT_PAD, shift_images
 from sb3_worldmodels.blocks.optim import get_learning_rate
+from sb3_worldmodels.common.training import training_call
 from sb3_worldmodels.data.episodes import export_episodes
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks as N
@@ -204,7 +205,7 @@ def test_the_encoder_learns_at_the_scaled_rate(trained):
         "reward": jnp.asarray(batch["reward"][:, 1:]),
         "terminated": jnp.asarray(batch["terminated"][:, 1:]),
     }
-    new, _ = core.train_many_jit(cfg, fresh, batch)  # the shapes learn() compiled
+    new, _ = training_call(core)(cfg, fresh, batch, None)  # the program learn() compiled
     lr = float(get_learning_rate(state.wm_opt))
 
     def largest_move(name):

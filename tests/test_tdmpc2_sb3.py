@@ -18,6 +18,7 @@ from sb3_worldmodels import TDMPC2
 from sb3_worldmodels.blocks.optim import get_learning_rate
 from sb3_worldmodels.common.boundary import UnsupportedSpaceError
 from sb3_worldmodels.common.policy import flatten_state
+from sb3_worldmodels.common.training import training_call
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS, preset
 from sb3_worldmodels.tdmpc2.upgrade import upgrade_state_leaves
@@ -145,12 +146,12 @@ def test_no_recompilation_across_steps():
     model = tiny(chain_vec(1, length=10))
     model.learn(40)
 
-    sizes = (core.act_jit._cache_size(), core.train_many_jit._cache_size())
+    sizes = (core.act_jit._cache_size(), training_call(core)._cache_size())
     model.learn(20, reset_num_timesteps=False)
     # Another learning rate (here a schedule) reuses the compilation: the rate lives in the state.
     scheduled = tiny(chain_vec(1, length=10), learning_rate=lambda progress: 1e-4 + 1e-3 * progress)
     scheduled.learn(40)
-    assert (core.act_jit._cache_size(), core.train_many_jit._cache_size()) == sizes
+    assert (core.act_jit._cache_size(), training_call(core)._cache_size()) == sizes
     used = float(get_learning_rate(scheduled.policy.state["agent"].pi_opt))
     assert np.isclose(used, scheduled.lr_schedule(scheduled._current_progress_remaining), rtol=1e-6)
 

@@ -2,8 +2,8 @@
 
 - :meth:`AgentFunction.over_seeds <sb3_worldmodels.blocks.jit.AgentFunction.over_seeds>` compiles an
   agent function vmapped over S.
-- :func:`masked_updates` makes a core's training call for a group of seeds that owe different
-  numbers of updates.
+- :func:`counted_updates` makes a core's training call of a fixed size K that runs any number of
+  its updates: one program for a whole run, and for a group of seeds that owe different numbers.
 - :func:`stack_trees`, :func:`tree_slice`, :func:`unstack_tree` move between S single-seed pytrees
   and one pytree with a leading S.
 - :func:`with_settings` gives float settings one value per seed (a random search in one program).
@@ -85,33 +85,69 @@ def unstack_tree(tree: Any) -> list[Any]:
 # ------------------------------------------------------------------------------------------------
 
 
-def masked_updates(train_step: Callable[..., tuple[Any, ...]]) -> AgentFunction:
-    """``fn(config, state, batches, active)`` from a core's ``train_step(config, state, batch) ->
-    (state, metrics, *extra)``: K updates over the leading K axis of ``batches`` where ``active`` (K,)
-    bool is true; an inactive update leaves the state exactly as it was (a select: every leaf, PRNG
-    key and counters included), its metrics and extras are computed but meaningless.
+def counted_updates(train_step: Callable[..., tuple[Any, ...]]) -> AgentFunction:
+    """``fn(config, state, batches, count)`` from a core's ``train_step(config, state, batch) ->
+    (state, metrics, *extra)``: the first ``count`` of the K updates over the leading K axis of
+    ``batches`` (K from their shapes, ``count`` a traced () int: any count in [0, K] runs the same
+    program). The updates past ``count`` are not run: their batches are never read and their metrics
+    and extras are zeros; the state is exactly the state after ``count`` updates.
+
+    A loop whose trip count is ``count`` (``jax.lax.while_loop``); without a loop when K is 1 (the
+    update is run and kept where ``count`` is 1: a select, every leaf, PRNG key and counters
+    included), as :func:`~sb3_worldmodels.blocks.jit.scan_updates`. ``count`` None runs all K (the
+    core's ``train_many``: a scan, no select). Jitted per config
+    (:func:`~sb3_worldmodels.blocks.jit.agent_jit`).
+
+    One program for every count is what a run needs: a training call whose size follows the
+    schedule (k updates owed now, fewer at the end) would compile a program for each new k, seconds
+    on a CPU and tens of seconds on an accelerator, whenever the schedule first asks for it.
+    ``.over_seeds(config)`` is the training call of a group of seeds that owe different numbers of
+    updates k_s: K batches per seed, ``count`` (S,) = k_s; the loop runs max_s k_s times, a seed past
+    its own count keeping its state (JAX's batched loop selects per seed).
 
     Returns ``(state, metrics, *extra)``, metrics and extras with a leading K as the core's
-    ``train_many``; without a loop when K is 1 (:func:`~sb3_worldmodels.blocks.jit.scan_updates`).
-    Jitted per config (:func:`~sb3_worldmodels.blocks.jit.agent_jit`): ``.over_seeds(config)`` is the
-    training call of a group of seeds that owe different numbers of updates k_s: K = max_s k_s
-    batches per seed, ``active`` (S, K) true for the first k_s of each seed's.
+    ``train_many``.
     """
 
-    def masked(config: Any, state: Any, batches: Any, active: Any) -> tuple[Any, ...]:
-        def body(state: Any, xs: tuple[Any, Any]) -> tuple[Any, tuple[Any, ...]]:
-            batch, on = xs
+    def counted(config: Any, state: Any, batches: Any, count: Any = None) -> tuple[Any, ...]:
+        def step(state: Any, batch: Any) -> tuple[Any, tuple[Any, ...]]:
             updated, *outputs = train_step(config, state, batch)
-            kept = jax.tree_util.tree_map(lambda new, old: jax.lax.select(on, new, old), updated, state)
-            return kept, tuple(outputs)
+            return updated, tuple(outputs)
 
-        state, outputs = scan_updates(body, state, (batches, jnp.asarray(active, bool)))
+        if count is None:
+            state, outputs = scan_updates(step, state, batches)
+            return (state, *outputs)
+        k = jax.tree_util.tree_leaves(batches)[0].shape[0]
+        count = jnp.minimum(jnp.asarray(count, jnp.int32), k)
+        first = jax.tree_util.tree_map(lambda leaf: leaf[0], batches)
+        if k == 1:
+            updated, outputs = step(state, first)
+            on = count > 0
+            kept = jax.tree_util.tree_map(lambda new, old: jax.lax.select(on, new, old), updated, state)
+            return (kept, *jax.tree_util.tree_map(lambda leaf: jnp.expand_dims(leaf, 0), outputs))
+        shapes = jax.eval_shape(step, state, first)[1]
+        buffers = jax.tree_util.tree_map(lambda s: jnp.zeros((k, *s.shape), s.dtype), shapes)
+
+        def body(carry: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+            i, state, stored = carry
+            batch = jax.tree_util.tree_map(
+                lambda leaf: jax.lax.dynamic_index_in_dim(leaf, i, keepdims=False), batches
+            )
+            state, outputs = step(state, batch)
+            stored = jax.tree_util.tree_map(
+                lambda buffer, out: jax.lax.dynamic_update_index_in_dim(buffer, out, i, 0), stored, outputs
+            )
+            return i + 1, state, stored
+
+        _, state, outputs = jax.lax.while_loop(
+            lambda carry: carry[0] < count, body, (jnp.asarray(0, jnp.int32), state, buffers)
+        )
         return (state, *outputs)
 
     name = getattr(train_step, "__name__", "train_step")
-    masked.__name__ = masked.__qualname__ = f"masked_{name}"  # the program's name
-    masked.__doc__ = f"``{name}`` over the leading K of the batches where ``active`` (K,) is true."
-    return agent_jit(masked)
+    counted.__name__ = counted.__qualname__ = f"counted_{name}"  # the program's name
+    counted.__doc__ = f"The first ``count`` of K ``{name}`` calls over the leading K of the batches."
+    return agent_jit(counted)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -38,7 +38,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import scipy.stats
 from stable_baselines3.common.callbacks import EvalCallback
@@ -48,16 +47,14 @@ from stable_baselines3.common.utils import FloatSchedule, safe_mean
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
 from sb3_worldmodels.blocks.devices import SeedPlacement, seed_placement
-from sb3_worldmodels.blocks.seeds import masked_updates, stack_trees, tree_slice
+from sb3_worldmodels.blocks.seeds import stack_trees, tree_slice
 from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.agent_hooks import AgentHooks
 from sb3_worldmodels.common.boundary import AgentObservation, map_observation
 from sb3_worldmodels.common.callbacks import WorldModelCallback, record_extra_metrics, walk_callbacks
 from sb3_worldmodels.common.replay_state import group_replay_state, group_replays_from_state
-from sb3_worldmodels.common.training import aggregate_metric
+from sb3_worldmodels.common.training import aggregate_metric, training_call, training_chunks
 
-_MASKED_TRAINING: dict[Any, Any] = {}
-"""A core's ``train_step`` run k times with a per-update mask (one per core module)."""
 SEED_COUNTERS = "_seed_counters"
 """The checkpoint attribute of a group: one dict per seed of :data:`LANE_COUNTERS` (and the agent's
 ``schedule_attributes``), restored into the lanes by ``load``."""
@@ -109,12 +106,6 @@ def _split_keys(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def _same(env: Any) -> Any:
     return env
-
-
-def _masked_training(core: Any) -> Any:
-    if core not in _MASKED_TRAINING:
-        _MASKED_TRAINING[core] = masked_updates(core.train_step)
-    return _MASKED_TRAINING[core]
 
 
 def per_seed_values(given: Mapping[str, Any], defaults: Any) -> dict[str, tuple]:
@@ -588,28 +579,26 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
         if self._n_updates == 0:
             for cb in self._wm_callbacks:
                 cb.on_pretrain()
-        per_call = self._lanes[0]._updates_per_call
+        size = self._lanes[0]._updates_per_call
         total = int(owed.max())
-        chunks = [per_call] * (total // per_call) + [1] * (total % per_call)
         progress = self._current_progress_remaining
         rates = np.asarray([float(lane.lr_schedule(progress)) for lane in self._lanes], np.float32)
         state = self.policy.state
         # (S,) rates: one per seed
         agent_state = self.core.set_learning_rate(state["agent"], self._on_devices(rates))
-        train = _masked_training(self.core).over_seeds(self._call_config)
+        train = training_call(self.core).over_seeds(self._call_config)
         per_seed: list[list[dict]] = [[] for _ in self._lanes]
         done = 0
-        for k in chunks:
+        for k in training_chunks(total, size):
             counts = np.clip(owed - done, 0, k)
             batches = [
                 lane._training_batch(int(c)) if c else None
                 for lane, c in zip(self._lanes, counts, strict=True)
             ]
-            batch = stack_trees(_padded_batches([b.batch if b else None for b in batches], k))
-            active = np.arange(k)[None, :] < counts[:, None]
+            batch = stack_trees(_padded_batches([b.batch if b else None for b in batches], size))
             # One transfer per field (to every device that holds seeds)
-            batch, active = jax.tree_util.tree_map(jnp.asarray, self._on_devices((batch, active)))
-            new_state, metrics, *outputs = train(agent_state, batch, active)
+            batch, count = jax.device_put(self._on_devices((batch, counts.astype(np.int32))))
+            new_state, metrics, *outputs = train(agent_state, batch, count)
             metrics, outputs = jax.device_get((metrics, tuple(outputs)))
             for i, lane in enumerate(self._lanes):
                 if counts[i]:
@@ -689,7 +678,7 @@ def _update_means(per_seed: list[list[dict]]) -> list[dict[str, float]]:
 
 def _padded_batches(batches: list[Any], k: int) -> list[Any]:
     """Every seed's (numpy) batch with k updates: a seed that owes fewer gets zero batches for the
-    rest (its updates there are masked off), one that owes none zeros throughout."""
+    rest (its updates there are not run), one that owes none zeros throughout."""
     template = next(b for b in batches if b is not None)
 
     def pad(leaf: Any, like: Any) -> Any:

@@ -2,8 +2,8 @@
 
 After each vector step SB3 calls ``train``; the agent's collection hook has added the updates its
 schedule owes to ``_owed_updates`` (the one name of that count in every agent), and ``train`` runs
-them in calls of ``_updates_per_call`` updates, refuses any update that produced NaN or inf before
-its state is kept, and logs each call's metrics.
+them in calls of ``_updates_per_call`` updates (one compiled program: a call of fewer is padded),
+refuses any update that produced NaN or inf before its state is kept, and logs each call's metrics.
 """
 
 from __future__ import annotations
@@ -13,14 +13,47 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
 from sb3_worldmodels.blocks.devices import BatchPlacement
+from sb3_worldmodels.blocks.jit import AgentFunction
+from sb3_worldmodels.blocks.seeds import counted_updates
 from sb3_worldmodels.common.agent_hooks import AgentHooks
 from sb3_worldmodels.common.callbacks import WorldModelCallback, record_extra_metrics
 from sb3_worldmodels.common.policy import JaxPolicy
+
+_TRAINING_CALLS: dict[Any, AgentFunction] = {}
+
+
+def training_call(core: Any) -> AgentFunction:
+    """The training call of an agent's ``core`` module: ``fn(config, state, batches, count)`` with
+    K batches (the agent's ``_updates_per_call``) that runs the first ``count`` of them (None: all),
+    :func:`~sb3_worldmodels.blocks.seeds.counted_updates` of the core's ``train_step``. Every call of a
+    run has the same K, so a run compiles one training program whatever its schedule owes."""
+    if core not in _TRAINING_CALLS:
+        _TRAINING_CALLS[core] = counted_updates(core.train_step)
+    return _TRAINING_CALLS[core]
+
+
+def training_chunks(owed: int, size: int) -> list[int]:
+    """The updates of each training call for ``owed`` updates in calls of ``size``: full calls, then
+    single updates (each call's batches are sampled after the previous call's side effects, e.g.
+    DreamerV3's latents written back to the replay)."""
+    return [size] * (owed // size) + [1] * (owed % size)
+
+
+def pad_updates(batch: Any, size: int) -> Any:
+    """A (numpy) batch of k <= ``size`` updates (leading k) padded with zeros to ``size`` updates:
+    the padding is never read (:func:`training_call` runs the first k)."""
+
+    def pad(leaf: Any) -> Any:
+        rows = leaf.shape[0]
+        if rows == size:
+            return leaf
+        return np.concatenate([leaf, np.zeros((size - rows, *leaf.shape[1:]), leaf.dtype)])
+
+    return jax.tree_util.tree_map(pad, batch)
 
 
 class NonFiniteUpdateError(FloatingPointError):
@@ -51,23 +84,21 @@ class Trainer(AgentHooks, OffPolicyAlgorithm):
 
     def train(self, gradient_steps: int, batch_size: int = 0) -> None:
         """Run the updates the agent's schedule owes (SB3's ``gradient_steps`` is ignored), in
-        jitted calls of ``_updates_per_call`` updates (and single updates for the rest)."""
+        jitted calls of ``_updates_per_call`` updates (and single updates for the rest), each through
+        the one program of that size (:func:`training_call`)."""
         owed = self._take_owed_updates()
         if owed <= 0:
             return
         if self._n_updates == 0:
             for cb in self._wm_callbacks:
                 cb.on_pretrain()
-        per_call = self._updates_per_call
-        chunks = [per_call] * (owed // per_call) + [1] * (owed % per_call)
         lr = self.current_learning_rate
         state = self.policy.state
         agent_state = self.core.set_learning_rate(state["agent"], lr)
         all_metrics = []
         done = 0
-        for k in chunks:
+        for k in training_chunks(owed, self._updates_per_call):
             new_agent_state, metrics, commit = self._train_chunk(agent_state, k)
-            metrics = jax.device_get(metrics)
             self._refuse_non_finite_update(metrics, done)
             agent_state, done = new_agent_state, done + k
             commit()
@@ -88,14 +119,20 @@ class Trainer(AgentHooks, OffPolicyAlgorithm):
         self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)
 
     def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict, Callable[[], None]]:
-        """k updates in one jitted call on k batches of the agent's replay (``_training_batch``):
-        (new state, metrics with a leading k, the call's side effects to apply once it is kept)."""
+        """k updates in one jitted call on k batches of the agent's replay (``_training_batch``),
+        padded to the call's size: (new state, numpy metrics with a leading k, the call's side effects
+        to apply once it is kept)."""
+        size = self._updates_per_call
         training = self._training_batch(k)
+        batch = pad_updates(training.batch, size)
         if self._batch_placement is None:
-            batch = jax.tree_util.tree_map(jnp.asarray, training.batch)
+            batch = jax.device_put(batch)
         else:  # data_parallel=True over several devices: each holds a part of every batch
-            batch = self._batch_placement.put_batch(training.batch, self.training_batch_axis)
-        new_state, metrics, *outputs = self.core.train_many_jit(self._config, agent_state, batch)
+            batch = self._batch_placement.put_batch(batch, self.training_batch_axis)
+        count = None if size == 1 else np.int32(k)  # one update per call: the core's own train_many
+        new_state, metrics, *outputs = training_call(self.core)(self._config, agent_state, batch, count)
+        metrics, outputs = jax.device_get((metrics, tuple(outputs)))  # one transfer, sliced in numpy
+        metrics, outputs = jax.tree_util.tree_map(lambda x: x[:k], (metrics, outputs))
         return new_state, metrics, functools.partial(training.commit, *outputs)
 
     def _refuse_non_finite_update(self, metrics: dict[str, np.ndarray], done: int) -> None:
