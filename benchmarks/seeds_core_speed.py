@@ -9,7 +9,7 @@ single-seed program.
     python benchmarks/seeds_core_speed.py --gather-free on --gather-free off   # both forms, side by side
 
 DreamerV3: one "1m" update at 16 x 64 (CartPole shapes: obs 4, two discrete actions), the group's
-training call of ``blocks.seeds.masked_updates`` with every update active. TD-MPC2: one size-1
+training call of ``blocks.seeds.counted_updates`` with every update counted. TD-MPC2: one size-1
 agent step (Pendulum shapes: obs 3, action 1), a plan for one env per seed and one update.
 
 ``--sharded`` times each seed count also with its seed axis sharded over the host's devices
@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from sb3_worldmodels.blocks.backend import GATHER_FREE_MODES, gather_free, gather_free_forms  # noqa: E402
 from sb3_worldmodels.blocks.devices import seed_placement  # noqa: E402
-from sb3_worldmodels.blocks.seeds import masked_updates, stack_trees  # noqa: E402
+from sb3_worldmodels.blocks.seeds import counted_updates, stack_trees  # noqa: E402
 
 
 def placed(tree: Any, seeds: int, sharded: bool) -> Any:
@@ -102,8 +102,8 @@ def dreamerv3(seeds: int, sharded: bool = False) -> tuple[Callable[[], dict[str,
     else:
         states = stack_trees([core.init_state(config, jax.random.PRNGKey(s)) for s in range(seeds)])
         group = stack_trees([batches() for _ in range(seeds)])
-        states, group, active = placed((states, group, np.ones((seeds, 1), bool)), seeds, sharded)
-        program = masked_updates(core.train_step).over_seeds(config)
+        states, group, active = placed((states, group, np.ones(seeds, np.int32)), seeds, sharded)
+        program = counted_updates(core.train_step).over_seeds(config)
         update, compile_s = timed_compile(program, states, group, active)
         args = [states, group, active]
 
@@ -147,11 +147,11 @@ def tdmpc2(seeds: int, sharded: bool = False) -> tuple[Callable[[], dict[str, fl
         train, train_compile = timed_compile(core.train_many_jit.for_config(config), state, batch)
         active: tuple = ()
     else:
-        stacked = (stack_trees([inputs(s) for s in range(seeds)]), np.ones((seeds, 1), bool))
+        stacked = (stack_trees([inputs(s) for s in range(seeds)]), np.ones(seeds, np.int32))
         (state, batch, plan_args), ones = placed(stacked, seeds, sharded)
         act, act_compile = timed_compile(core.act_jit.over_seeds(config), state.params, *plan_args)
         active = (ones,)
-        program = masked_updates(core.train_step).over_seeds(config)
+        program = counted_updates(core.train_step).over_seeds(config)
         train, train_compile = timed_compile(program, state, batch, *active)
     current = [state]
 
