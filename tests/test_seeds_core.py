@@ -134,6 +134,11 @@ def test_counted_updates_run_the_first_count_and_leave_the_rest_unread():
     alone = toy_train_step(Toy(), ToyState(state.w + 1.0, state.count), batches[0])[0]
     np.testing.assert_array_equal(S.tree_slice(group, 1).w, alone.w)
     assert [int(c) for c in group.count] == [3, 1]
+    # The loop index is one for all seeds (the largest count): update i's batches are read and its
+    # outputs written by slices; an index per seed would be a gather and scatters.
+    lowered = train.over_seeds(Toy()).lower(states, jnp.stack([batches, batches]), np.int32([3, 1]))
+    compiled = lowered.compile().jitted.as_text()
+    assert "dynamic-slice(" in compiled and "gather(" not in compiled and "scatter(" not in compiled
 
 
 def test_counted_updates_run_one_update_without_a_loop():

@@ -11,7 +11,7 @@ used in several places counts once per place; a lowered program's text names a s
 function once. Tiny configurations (the code paths of any size): DreamerV3 "1m" with the smoke
 settings on CartPole shapes (vector) and 8x8 images; TD-MPC2 size 1 with the smoke settings on
 Pendulum-like shapes, 64x64 images, and two tasks. ``--seeds``: the programs over a seed axis of 2
-(``masked_updates(...).over_seeds``, ``act.over_seeds``) instead of the single-seed ones. Prints one
+(``counted_updates(...).over_seeds``, ``act.over_seeds``) instead of the single-seed ones. Prints one
 JSON line per program.
 """
 
@@ -32,7 +32,7 @@ from jax.extend import core as jex
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
 from sb3_worldmodels.blocks.backend import GATHER_FREE_MODES, gather_free, gather_free_forms  # noqa: E402
-from sb3_worldmodels.blocks.seeds import masked_updates, stack_trees  # noqa: E402
+from sb3_worldmodels.blocks.seeds import counted_updates, stack_trees  # noqa: E402
 
 LOOKUPS = ("gather", "scatter", "scatter-add", "sort", "top_k", "argsort", "searchsorted")
 """Primitives counted (any whose name contains "gather" or "scatter" too)."""
@@ -125,9 +125,9 @@ def dreamerv3_programs(seeds: int = 0, pixels: bool = False) -> dict[str, Progra
             f"{name}.train": (core.train_many_jit.for_config(config), (state, batch), {}),
             f"{name}.act": (core.policy_step_jit.for_config(config), acting, {}),
         }
-    train = masked_updates(core.train_step).over_seeds(config)
+    train = counted_updates(core.train_step).over_seeds(config)
     return {
-        f"{name}.train_over_seeds": (train, stack_trees([(state, batch, np.ones(1, bool))] * seeds), {}),
+        f"{name}.train_over_seeds": (train, stack_trees([(state, batch, np.int32(1))] * seeds), {}),
         f"{name}.act_over_seeds": (
             core.policy_step_jit.over_seeds(config),
             stack_trees([acting] * seeds),
@@ -173,10 +173,10 @@ def tdmpc2_programs(seeds: int = 0, pixels: bool = False, tasks: int = 0) -> dic
             f"{name}.train": (core.train_many_jit.for_config(config), (state, batch), {}),
             f"{name}.act": (core.act_jit.for_config(config), acting, task),
         }
-    train = masked_updates(core.train_step).over_seeds(config)
+    train = counted_updates(core.train_step).over_seeds(config)
     stacked_task = {k: np.stack([v] * seeds) for k, v in task.items()}
     return {
-        f"{name}.train_over_seeds": (train, stack_trees([(state, batch, np.ones(1, bool))] * seeds), {}),
+        f"{name}.train_over_seeds": (train, stack_trees([(state, batch, np.int32(1))] * seeds), {}),
         f"{name}.act_over_seeds": (
             core.act_jit.over_seeds(config),
             stack_trees([acting] * seeds),

@@ -27,6 +27,21 @@ and "bfloat16" allow the faster reduced-precision passes of recent GPUs; "defaul
 default (TF32 on recent NVIDIA GPUs). CPUs compute float32 in every mode."""
 
 
+SEED_AXIS = "seeds"
+"""The name of the seed axis inside :meth:`AgentFunction.over_seeds` (``jax.vmap``'s ``axis_name``):
+a function can reduce over the seeds there (``jax.lax.pmax(x, SEED_AXIS)``)."""
+
+
+def over_seed_axis() -> bool:
+    """Whether the function being traced runs over the seed axis (inside
+    :meth:`AgentFunction.over_seeds`), rather than for one seed."""
+    try:
+        jax.lax.axis_size(SEED_AXIS)
+    except NameError:  # the axis name is not bound: one seed's program
+        return False
+    return True
+
+
 def scan_updates(body: Callable[[Any, Any], tuple[Any, Any]], state: Any, batches: Any) -> tuple[Any, Any]:
     """``jax.lax.scan(body, state, batches)`` over the leading K axis, without the loop when K is 1
     (the call's one update, its outputs given the leading axis of 1).
@@ -174,7 +189,7 @@ class AgentFunction:
                 return self._pinned(seed_config, *seed_args, **seed_kwargs, **static)
 
             with gather_free_forms(free):
-                return jax.vmap(one_seed)(values, *args, **kwargs)
+                return jax.vmap(one_seed, axis_name=SEED_AXIS)(values, *args, **kwargs)
 
         call.__name__ = call.__qualname__ = f"{self._fn.__name__}_over_seeds"  # the program's name
         return jax.jit(call, static_argnames=self._static_argnames, compiler_options=COMPILER_OPTIONS)

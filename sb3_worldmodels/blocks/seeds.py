@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sb3_worldmodels.blocks.jit import AgentFunction, agent_jit, scan_updates
+from sb3_worldmodels.blocks.jit import SEED_AXIS, AgentFunction, agent_jit, over_seed_axis, scan_updates
 
 # ------------------------------------------------------------------------------------------------
 # Pytrees with a seed axis
@@ -89,21 +89,22 @@ def counted_updates(train_step: Callable[..., tuple[Any, ...]]) -> AgentFunction
     """``fn(config, state, batches, count)`` from a core's ``train_step(config, state, batch) ->
     (state, metrics, *extra)``: the first ``count`` of the K updates over the leading K axis of
     ``batches`` (K from their shapes, ``count`` a traced () int: any count in [0, K] runs the same
-    program). The updates past ``count`` are not run: their batches are never read and their metrics
-    and extras are zeros; the state is exactly the state after ``count`` updates.
-
-    A loop whose trip count is ``count`` (``jax.lax.while_loop``); without a loop when K is 1 (the
-    update is run and kept where ``count`` is 1: a select, every leaf, PRNG key and counters
-    included), as :func:`~sb3_worldmodels.blocks.jit.scan_updates`. ``count`` None runs all K (the
-    core's ``train_many``: a scan, no select). Jitted per config
-    (:func:`~sb3_worldmodels.blocks.jit.agent_jit`).
+    program); the state is exactly the state after ``count`` updates. ``count`` None runs all K (the
+    core's ``train_many``: a scan).
 
     One program for every count is what a run needs: a training call whose size follows the
     schedule (k updates owed now, fewer at the end) would compile a program for each new k, seconds
     on a CPU and tens of seconds on an accelerator, whenever the schedule first asks for it.
-    ``.over_seeds(config)`` is the training call of a group of seeds that owe different numbers of
-    updates k_s: K batches per seed, ``count`` (S,) = k_s; the loop runs max_s k_s times, a seed past
-    its own count keeping its state (JAX's batched loop selects per seed).
+
+    A loop whose trip count is ``count`` (``jax.lax.while_loop``, reading update i's batch by a dynamic
+    slice); for one seed the updates past ``count`` are not run (their batches never read, their
+    metrics and extras zeros). ``.over_seeds(config)`` is the training call of a group of seeds that
+    owe different numbers of updates k_s: K batches per seed, ``count`` (S,) = k_s; the loop runs
+    max_s k_s times (the maximum taken over the seed axis, so that the loop index stays one for all
+    seeds: slices, not gathers) and a seed past its own count keeps its state (a select: every leaf,
+    PRNG key and counters included), its metrics and extras there meaningless. Without a loop when K
+    is 1 (:func:`~sb3_worldmodels.blocks.jit.scan_updates`: the update run and kept where ``count``
+    is 1). Jitted per config (:func:`~sb3_worldmodels.blocks.jit.agent_jit`).
 
     Returns ``(state, metrics, *extra)``, metrics and extras with a leading K as the core's
     ``train_many``.
@@ -114,6 +115,9 @@ def counted_updates(train_step: Callable[..., tuple[Any, ...]]) -> AgentFunction
             updated, *outputs = train_step(config, state, batch)
             return updated, tuple(outputs)
 
+        def keep(on: Any, new: Any, old: Any) -> Any:
+            return jax.tree_util.tree_map(lambda n, o: jax.lax.select(on, n, o), new, old)
+
         if count is None:
             state, outputs = scan_updates(step, state, batches)
             return (state, *outputs)
@@ -122,9 +126,10 @@ def counted_updates(train_step: Callable[..., tuple[Any, ...]]) -> AgentFunction
         first = jax.tree_util.tree_map(lambda leaf: leaf[0], batches)
         if k == 1:
             updated, outputs = step(state, first)
-            on = count > 0
-            kept = jax.tree_util.tree_map(lambda new, old: jax.lax.select(on, new, old), updated, state)
-            return (kept, *jax.tree_util.tree_map(lambda leaf: jnp.expand_dims(leaf, 0), outputs))
+            expanded = jax.tree_util.tree_map(lambda leaf: jnp.expand_dims(leaf, 0), outputs)
+            return (keep(count > 0, updated, state), *expanded)
+        seeds = over_seed_axis()
+        trips = jax.lax.pmax(count, SEED_AXIS) if seeds else count
         shapes = jax.eval_shape(step, state, first)[1]
         buffers = jax.tree_util.tree_map(lambda s: jnp.zeros((k, *s.shape), s.dtype), shapes)
 
@@ -133,14 +138,14 @@ def counted_updates(train_step: Callable[..., tuple[Any, ...]]) -> AgentFunction
             batch = jax.tree_util.tree_map(
                 lambda leaf: jax.lax.dynamic_index_in_dim(leaf, i, keepdims=False), batches
             )
-            state, outputs = step(state, batch)
+            updated, outputs = step(state, batch)
             stored = jax.tree_util.tree_map(
                 lambda buffer, out: jax.lax.dynamic_update_index_in_dim(buffer, out, i, 0), stored, outputs
             )
-            return i + 1, state, stored
+            return i + 1, keep(i < count, updated, state) if seeds else updated, stored
 
         _, state, outputs = jax.lax.while_loop(
-            lambda carry: carry[0] < count, body, (jnp.asarray(0, jnp.int32), state, buffers)
+            lambda carry: carry[0] < trips, body, (jnp.asarray(0, jnp.int32), state, buffers)
         )
         return (state, *outputs)
 
