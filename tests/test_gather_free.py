@@ -126,6 +126,10 @@ def test_masked_sums_equal_the_lookups():
     rows = rng.integers(0, 5, (4, 2))
     np.testing.assert_array_equal(B.select_rows(table, rows), table[rows])
     np.testing.assert_array_equal(B.select_rows(table, 2), table[2])
+    for axis in (1, 2, -1):
+        index = rows % table.shape[axis]
+        expected = np.take(table, index, axis)
+        np.testing.assert_array_equal(B.select_rows(table, index, axis), expected, f"axis {axis}")
     flags = rng.random((5, 3)) < 0.5
     np.testing.assert_array_equal(B.select_rows(flags, rows), flags[rows])
     assert B.select_rows(flags, rows).dtype == jnp.bool_

@@ -130,25 +130,28 @@ def select_along(values: ArrayLike, index: ArrayLike) -> Array:
     return jnp.sum(jnp.where(hit, values, jnp.zeros((), values.dtype)), axis=-1, dtype=values.dtype)
 
 
-def select_rows(table: ArrayLike, index: ArrayLike) -> Array:
-    """``table[index]`` without a gather: Σ_i [i == index]·table[i] over the table's first axis.
+def select_rows(table: ArrayLike, index: ArrayLike, axis: int = 0) -> Array:
+    """``jnp.take(table, index, axis)`` without a gather: Σ_i [i == index]·table[..., i, ...] over
+    ``axis`` (``table[index]`` for axis 0).
 
     Args:
-        table: (n, ...) numeric or bool.
+        table: (*P, n, *R) numeric or bool, n on ``axis``.
         index: integers of any shape I.
 
     Returns:
-        (*I, ...) in the dtype of ``table``. Out-of-range indices give zeros (False).
+        (*P, *I, *R) in the dtype of ``table``. Out-of-range indices give zeros (False).
     """
     table = jnp.asarray(table)
     index = jnp.asarray(index)
-    rest = table.ndim - 1
-    hit = jax.lax.broadcasted_iota(jnp.int32, (table.shape[0],), 0) == index[..., None]
-    hit = hit.reshape(hit.shape + (1,) * rest)  # (*I, n, 1...)
-    axis = index.ndim
+    axis = axis % table.ndim
+    before, after = axis, table.ndim - axis - 1
+    hit = jax.lax.broadcasted_iota(jnp.int32, (table.shape[axis],), 0) == index[..., None]  # (*I, n)
+    hit = hit.reshape((1,) * before + hit.shape + (1,) * after)  # (1.., *I, n, 1..)
+    table = table.reshape(table.shape[:axis] + (1,) * index.ndim + table.shape[axis:])  # (*P, 1.., n, *R)
+    reduced = before + index.ndim
     if table.dtype == jnp.bool_:
-        return jnp.any(hit & table, axis=axis)
-    return jnp.sum(jnp.where(hit, table, jnp.zeros((), table.dtype)), axis=axis, dtype=table.dtype)
+        return jnp.any(hit & table, axis=reduced)
+    return jnp.sum(jnp.where(hit, table, jnp.zeros((), table.dtype)), axis=reduced, dtype=table.dtype)
 
 
 def count_at_most(sorted_values: ArrayLike, x: ArrayLike) -> Array:

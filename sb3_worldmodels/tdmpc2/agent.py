@@ -368,7 +368,7 @@ def plan_with_noise(
         value = jnp.nan_to_num(value, nan=0.0)
         elite_value, elite_idxs = jax.lax.top_k(value, e)
         if gather_free():  # each elite's actions by a masked sum over the samples
-            elite_actions = jnp.moveaxis(select_rows(jnp.moveaxis(actions, 1, 0), elite_idxs), 0, 1)
+            elite_actions = select_rows(actions, elite_idxs, axis=1)
         else:
             elite_actions = actions[:, elite_idxs]  # (H, E, A)
         score = jnp.exp(config.temperature * (elite_value - jnp.max(elite_value)))
@@ -404,7 +404,7 @@ def plan_with_noise(
     if gather_free():  # the search by counting, the pick by a masked sum over the elites
         drawn = jnp.minimum(count_at_most(cdf, noise.elite_u * cdf[-1]), e - 1)
         pick = jnp.where(noise.elite_pick >= 0, noise.elite_pick, drawn)
-        chosen = select_rows(jnp.moveaxis(iters["elite_actions"][-1], 1, 0), pick)  # (H, A)
+        chosen = select_rows(iters["elite_actions"][-1], pick, axis=1)  # (H, A)
     else:
         drawn = jnp.minimum(jnp.searchsorted(cdf, noise.elite_u * cdf[-1], side="right"), e - 1)
         pick = jnp.where(noise.elite_pick >= 0, noise.elite_pick, drawn)
