@@ -133,6 +133,20 @@ EXTENDED_TESTS = {
     "[dreamerv3-vector]": (
         "DreamerV3's update compiled over seeds and alone (TD-MPC2's stays in the first tier)"
     ),
+    "test_seeds_core.py::test_settings_per_seed_equal_single_seed_runs_and_every_field_reaches_the_program"
+    "[tdmpc2-vector]": "TD-MPC2's update compiled over seeds and alone, each setting per seed",
+    "test_steady_state.py::test_tdmpc2_learn_compiles_nothing_after_the_first_training_call[group of 2]": (
+        "a TD-MPC2 group's programs compiled and run through learn twice (one seed stays in the first tier)"
+    ),
+    "test_gather_free.py::test_one_update_and_one_acting_step_are_the_same_in_both_forms[tdmpc2]": (
+        "TD-MPC2's update and plan compiled in both forms"
+    ),
+    "test_gather_free.py::test_the_gather_free_programs_have_no_gathers_scatters_or_sorts"
+    "[tdmpc2-multitask]": "the multi-task update and plan lowered over seeds and alone",
+    "test_seed_groups.py::test_replay_memory_counts_every_seed": "a seed group's replay sized through learn",
+    "test_sb3_drop_in.py::test_a_model_built_with_net_arch_round_trips_save_and_load[DreamerV3]": (
+        "DreamerV3 built, trained and reloaded with SB3's net_arch (TD-MPC2's stays in the first tier)"
+    ),
     "test_seed_groups.py::test_dreamerv3_group_seed_equals_single_seed_run": (
         "a group's and each seed's single-seed programs compiled and run side by side"
     ),

@@ -42,5 +42,5 @@ def test_every_extended_parametrisation_exists() -> None:
         text=True,
         check=False,
     ).stdout
-    missing = [entry for entry in entries if f"tests/{entry}" not in collected.split()]
+    missing = [entry for entry in entries if f"tests/{entry}" not in collected.splitlines()]
     assert not missing, f"tests/conftest.py EXTENDED_TESTS names parametrisations not collected: {missing}"
