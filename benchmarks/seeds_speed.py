@@ -30,6 +30,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
 from sb3_worldmodels import TDMPC2, DreamerV3  # noqa: E402
+from sb3_worldmodels.blocks.jit import compilations, timed_calls  # noqa: E402
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE  # noqa: E402
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE  # noqa: E402
 
@@ -61,6 +62,36 @@ def lanes(model) -> list:
     return model._lanes if model._lanes is not None else [model]
 
 
+def timed_learn(model, steps: int) -> tuple[float, dict]:
+    """``model.learn(steps)`` continuing the run: its seconds, and the row's fields of it (the seconds,
+    the share in the agents' jitted calls, the host's milliseconds per vector step, the vector steps
+    and the programs compiled meanwhile)."""
+    env, stepped = model.get_env(), [0]
+    step_wait = env.step_wait
+
+    def counted() -> tuple:
+        stepped[0] += 1
+        return step_wait()
+
+    env.step_wait = counted
+    try:
+        with compilations() as compiled, timed_calls() as calls:
+            start = time.perf_counter()
+            model.learn(steps, reset_num_timesteps=False)
+            seconds = time.perf_counter() - start
+    finally:
+        del env.step_wait  # the VecEnv's own method again
+    if compiled:
+        print(f"warning: the timed learn compiled {compiled}", file=sys.stderr)
+    return seconds, {
+        "timed_s": round(seconds, 2),
+        "jitted_fraction": round(calls.seconds / seconds, 3),
+        "host_ms_per_step": round(1000 * (seconds - calls.seconds) / max(stepped[0], 1), 2),
+        "vector_steps": stepped[0],
+        "compiles_timed": len(compiled),
+    }
+
+
 def run_dreamerv3(n: int, smoke: bool, rows: int) -> dict:
     settings = {**DREAMER_SMOKE} if smoke else dict(DREAMER)
     model = DreamerV3("CartPole-v1", n_envs=16 if not smoke else 2, seed=seed_argument(n), **settings)
@@ -70,16 +101,14 @@ def run_dreamerv3(n: int, smoke: bool, rows: int) -> dict:
         model.learn(model.n_envs // n, reset_num_timesteps=False)
     compiled = time.perf_counter() - start
     updates = [lane._n_updates for lane in lanes(model)]
-    start = time.perf_counter()
-    model.learn(rows, reset_num_timesteps=False)
-    seconds = time.perf_counter() - start
+    seconds, timed = timed_learn(model, rows)
     per_seed = min(lane._n_updates - u for lane, u in zip(lanes(model), updates, strict=True))
     return {
         "agent": "dreamerv3",
         "settings": "smoke" if smoke else "1m 16x64 ratio 512, 16 envs per seed",
         "seeds": n,
         "first_learn_s": round(compiled, 1),
-        "timed_s": round(seconds, 2),
+        **timed,
         "updates_per_seed": per_seed,
         "ms_per_update": round(1000 * seconds / max(per_seed, 1), 2),
         "updates_per_s_all_seeds": round(n * per_seed / seconds, 2),
@@ -93,16 +122,14 @@ def run_tdmpc2(n: int, smoke: bool, steps: int) -> dict:
     model.learn(settings["seed_steps"] + 200 + 2)  # an episode has ended: updates and plans compiled
     compiled = time.perf_counter() - start
     before = model.num_timesteps
-    start = time.perf_counter()
-    model.learn(steps, reset_num_timesteps=False)
-    seconds = time.perf_counter() - start
+    seconds, timed = timed_learn(model, steps)
     done = model.num_timesteps - before
     return {
         "agent": "tdmpc2",
         "settings": "smoke" if smoke else "size 1, Pendulum-v1, 1 env per seed",
         "seeds": n,
         "first_learn_s": round(compiled, 1),
-        "timed_s": round(seconds, 2),
+        **timed,
         "agent_steps_per_seed": done,
         "agent_steps_per_s_per_seed": round(done / seconds, 2),
         "agent_steps_per_s_all_seeds": round(n * done / seconds, 2),

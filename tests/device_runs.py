@@ -45,10 +45,13 @@ def main(scenario: str, n_devices: int, out: str) -> None:
             # Steady state: no array moves between devices (nothing gathered to one device per step).
             with jax.transfer_guard_device_to_device("disallow_explicit"):
                 model.learn(6, reset_num_timesteps=False)
+            # Each lane carries its piece of the last plan; the next call takes the group's plan back,
+            # sharded along the seeds as the call left it (never gathered to one device).
             placement = model._placement
-            facts["plan_on_seed_device"] = placement is None or all(
-                lane._rollout.prev_mean.devices() == {placement.device_of(i)}
-                for i, lane in enumerate(model._lanes)
+            pieces = [lane._rollout.prev_mean for lane in model._lanes]
+            plan = model._stacked_arguments([(piece,) for piece in pieces])[0]
+            facts["plan_on_seed_device"] = model._hand_outs.stacked(pieces) is plan and (
+                placement is None or plan.sharding.is_equivalent_to(placement.sharding, plan.ndim)
             )
         elif scenario == "dreamerv3_group":
             model = DreamerV3("CartPole-v1", n_envs=2, seed=[3, 7], **DREAMER_SMOKE)

@@ -68,3 +68,20 @@ def test_a_call_inside_another_trace_is_inlined():
     outer = jax.jit(lambda x: fn(Config(2.0), x) + 1.0)
     assert float(outer(jnp.ones(()))) == 3.0
     assert jax.eval_shape(lambda x: fn(Config(2.0), x), jnp.ones(3)).shape == (3,)
+
+
+def test_timed_calls_count_the_agent_calls_inside_the_block_and_compilations_name_the_programs():
+    fn = J.agent_jit(_chain)
+    x, xs = jnp.ones((4, 4)), jnp.ones((2, 4, 4))
+    with J.compilations() as compiled, J.timed_calls() as outer:
+        fn(Config(1.0), x)  # compiled here
+        with J.timed_calls() as inner:
+            fn.over_seeds(Config(1.0))(xs)
+    fn(Config(1.0), x)  # outside: not timed
+    assert (outer.calls, inner.calls) == (2, 1)
+    assert outer.seconds >= inner.seconds > 0.0
+    assert compiled == ["jit(_chain)", "jit(_chain_over_seeds)"]
+    with J.compilations() as again:
+        fn(Config(1.0), x)
+    assert again == []
+    assert not J._TIMERS

@@ -21,7 +21,8 @@ from stable_baselines3.common.vec_env import VecEnvWrapper
 
 from sb3_worldmodels import TDMPC2, DreamerV3
 from sb3_worldmodels.common import replay as replay_module
-from sb3_worldmodels.common.seed_group import SEED_COUNTERS, interquartile_mean
+from sb3_worldmodels.common.seed_group import SEED_COUNTERS, HandOuts, interquartile_mean
+from sb3_worldmodels.common.training import NonFiniteUpdateError
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 from tests.probe_envs import ChainEnv
@@ -281,6 +282,57 @@ def test_a_group_checkpoint_is_plain_data_and_its_counters_must_fit(tmp_path):
     with zipfile.ZipFile(tmp_path / "single.zip") as archive:
         assert SEED_COUNTERS not in json.loads(archive.read("data"))
     assert TDMPC2.load(tmp_path / "single.zip").seeds is None
+
+
+def test_hand_outs_give_back_the_stacked_array_for_its_own_pieces_only():
+    whole = np.arange(6.0).reshape(3, 2)
+    pieces = [whole[i] for i in range(3)]
+    hand_outs = HandOuts()
+    hand_outs.hand(whole, pieces)
+    assert hand_outs.stacked(pieces) is whole
+    assert hand_outs.stacked(pieces[::-1]) is None  # another seed order
+    assert hand_outs.stacked([pieces[0], whole[1], pieces[2]]) is None  # an equal copy is not a piece
+    assert hand_outs.stacked([np.zeros(2)] * 3) is None
+    tree = {"a": np.ones((2, 3)), "b": (np.zeros((2, 1)),)}
+    per_seed = [jax.tree_util.tree_map(lambda x, i=i: x[i], tree) for i in range(2)]
+    hand_outs.hand_tree(tree, per_seed)
+    assert hand_outs.stacked([p["b"][0] for p in per_seed]) is tree["b"][0]
+    hand_outs.clear()
+    assert hand_outs.stacked(pieces) is None
+
+
+def test_a_group_hands_its_lanes_pieces_and_takes_them_back_stacked():
+    """After a step each lane carries its piece of the acting call's outputs (a read-only host view);
+    the next call's argument is the group's array itself, not the pieces stacked again."""
+    group = tdmpc2_group()
+    group.learn(12)
+    lanes = group._lanes
+    carried = [lane._rollout.prev_mean for lane in lanes]
+    assert all(isinstance(c, np.ndarray) and not c.flags.writeable for c in carried)
+    stacked = group._stacked_arguments([(c,) for c in carried])[0]
+    assert isinstance(stacked, jax.Array) and stacked.shape == (2, *carried[0].shape)
+    for i, c in enumerate(carried):
+        np.testing.assert_array_equal(np.asarray(stacked[i]), c)
+    with pytest.raises(ValueError, match="read-only"):
+        carried[0][...] = 0.0
+    fresh = group._stacked_arguments([(np.array(c),) for c in carried])[0]  # copies: stacked anew
+    assert fresh is not stacked
+
+
+def test_a_non_finite_update_of_one_seed_stops_the_group_and_keeps_every_seed():
+    group = tdmpc2_group()
+    group.learn(30)
+    updates = [lane._n_updates for lane in group._lanes]
+    assert min(updates) > 0
+    before = [np.asarray(leaf).copy() for leaf in jax.tree_util.tree_leaves(group.policy.state["agent"])]
+    group._lanes[1].replay_buffer._data["reward"][...] = np.nan  # seed 1's replay only
+    with pytest.raises(
+        NonFiniteUpdateError, match=rf"Seed 1 \(index 1\): Update {updates[1] + 1} produced non-finite"
+    ):
+        group.learn(10, reset_num_timesteps=False)
+    assert [lane._n_updates for lane in group._lanes] == updates
+    for kept, leaf in zip(before, jax.tree_util.tree_leaves(group.policy.state["agent"]), strict=True):
+        np.testing.assert_array_equal(kept, np.asarray(leaf))
 
 
 def test_group_replay_file_holds_every_seed_and_must_fit_the_group(tmp_path):

@@ -2,39 +2,18 @@
 
 A program compiled inside a run (a training call of a size not seen before, an eager operation on a
 new shape) costs seconds on a CPU and tens of seconds on a TPU, and it lands wherever the schedule
-first asks for it. Every compilation is counted through ``jax.monitoring`` (the backend compile
-event, whether or not JAX's persistent cache answers it), not only those of the agents' functions.
+first asks for it. Every compilation is counted (``blocks.jit.compilations``: JAX's backend compile
+event, whether or not its persistent cache answers it), not only those of the agents' functions.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import pytest
-from jax._src import monitoring
 
 from sb3_worldmodels import TDMPC2, DreamerV3
+from sb3_worldmodels.blocks.jit import compilations
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
-
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-
-
-@contextlib.contextmanager
-def compilations() -> Iterator[list[str]]:
-    """The names of the programs compiled inside the block, in order."""
-    names: list[str] = []
-
-    def listen(event: str, duration: float, **kwargs) -> None:
-        if event == COMPILE_EVENT:
-            names.append(str(kwargs.get("fun_name")))
-
-    monitoring.register_event_duration_secs_listener(listen)
-    try:
-        yield names
-    finally:
-        monitoring.unregister_event_duration_listener(listen)
 
 
 def through_first_training_call(model, chunk: int) -> None:

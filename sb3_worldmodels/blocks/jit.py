@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import os
+import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import jax
@@ -197,6 +200,8 @@ class AgentFunction:
     def __call__(self, config: Any, *args: Any, **kwargs: Any) -> Any:
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
             return self._pinned(config, *args, **kwargs)  # inside another trace: inline it
+        if _TIMERS:
+            return _timed(self.for_config(config), args, kwargs)
         return self.for_config(config)(*args, **kwargs)
 
     def _cache_size(self) -> int:
@@ -222,6 +227,8 @@ class _WithSeedValues:
         self.values = values
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _TIMERS:
+            return _timed(self.jitted, (self.values, *args), kwargs)
         return self.jitted(self.values, *args, **kwargs)
 
     def lower(self, *args: Any, **kwargs: Any) -> _LoweredWithSeedValues:
@@ -249,3 +256,62 @@ class _LoweredWithSeedValues:
 def agent_jit(fn: Callable[..., Any], static_argnames: Sequence[str] = ()) -> AgentFunction:
     """``fn(config, ...)`` compiled per config: see :class:`AgentFunction`."""
     return AgentFunction(fn, static_argnames)
+
+
+# ------------------------------------------------------------------------------------------------
+# Measuring the programs of a run
+# ------------------------------------------------------------------------------------------------
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+"""JAX's monitoring event of one XLA compilation (also when the persistent cache answers it)."""
+
+
+@contextlib.contextmanager
+def compilations() -> Iterator[list[str]]:
+    """The names of the programs compiled inside the block, in order (every compilation, the agents'
+    and any other: an eager operation on a new shape is one too)."""
+    names: list[str] = []
+
+    def listen(event: str, duration_secs: float, **kwargs: str | int) -> None:
+        if event == COMPILE_EVENT:
+            names.append(str(kwargs.get("fun_name")))
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield names
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
+
+@dataclasses.dataclass
+class CallTimes:
+    """Seconds spent in the agents' jitted calls, and how many calls."""
+
+    seconds: float = 0.0
+    calls: int = 0
+
+
+_TIMERS: list[CallTimes] = []
+
+
+@contextlib.contextmanager
+def timed_calls() -> Iterator[CallTimes]:
+    """The wall time of every call of an :class:`AgentFunction` (and of its programs over seeds) inside
+    the block, each call waited for (``jax.block_until_ready``) before its time is taken: dispatch,
+    the transfer of host arguments and the device's time. A run's other time is the host's."""
+    times = CallTimes()
+    _TIMERS.append(times)
+    try:
+        yield times
+    finally:
+        _TIMERS.remove(times)
+
+
+def _timed(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    start = time.perf_counter()
+    out = jax.block_until_ready(jitted(*args, **kwargs))
+    spent = time.perf_counter() - start
+    for times in _TIMERS:
+        times.seconds += spent
+        times.calls += 1
+    return out

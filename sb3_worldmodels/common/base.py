@@ -58,7 +58,7 @@ from sb3_worldmodels.common.sb3_keywords import (
     refuse_unsupported_options,
     take_sb3_alias,
 )
-from sb3_worldmodels.common.seed_group import SeedGroup, group_vec_env, seed_list
+from sb3_worldmodels.common.seed_group import HandOuts, SeedGroup, group_vec_env, seed_list
 from sb3_worldmodels.common.training import NonFiniteUpdateError, Trainer
 
 
@@ -235,6 +235,8 @@ class WorldModelAlgorithm(
         self._resumed = False
         self._flat_obs = None
         self._predict_view = None
+        self._hand_outs = None if self._lanes is None else HandOuts()
+        self._rates_written = None
         if not hasattr(self, "_owed_updates"):
             self._owed_updates = 0  # a loaded model keeps the updates it owed
         if not hasattr(self, "at_episode_boundary"):
@@ -277,6 +279,8 @@ class WorldModelAlgorithm(
             "_lanes",
             "_call_config",
             "_predict_view",
+            "_hand_outs",
+            "_rates_written",
             "_placement",
             "_batch_placement",
         ]

@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -96,12 +96,65 @@ def group_vec_env(make_one: Any, seeds: tuple[int, ...]) -> VecEnv:
     return DummyVecEnv([functools.partial(_same, env) for env in envs])
 
 
-@jax.jit
-def _split_keys(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(S, 2) keys -> two (S, 2): each seed's key split in two, in one dispatch (an index of its
-    output outside would be a dispatch of its own, its indices sent to every device)."""
+@functools.partial(jax.jit, static_argnums=1)
+def _split_keys(keys: jax.Array, pieces: bool) -> tuple[jax.Array, jax.Array, tuple[jax.Array, ...]]:
+    """(S, 2) keys -> (S, 2) keys to keep, (S, 2) keys for this step and, with ``pieces``, the latter's
+    S rows: each seed's key split in two, in one dispatch (an index of its output outside would be a
+    dispatch of its own, its indices sent to every device)."""
     split = jax.vmap(jax.random.split)(keys)
-    return split[:, 0], split[:, 1]
+    step = split[:, 1]
+    return split[:, 0], step, tuple(step[i] for i in range(step.shape[0])) if pieces else ()
+
+
+class HandOuts:
+    """The per-seed pieces of stacked arrays that a group handed to its lanes, so that the pieces a
+    lane passes back in its next call (its carried state, its observations, its key) are stacked by
+    taking the stacked array again, not by stacking S pieces (a dispatch and a copy per leaf).
+
+    A piece is known by identity (``is``): the lane's own object, unchanged. Host pieces are read-only
+    views (a write would raise instead of leaving the stacked array stale)."""
+
+    def __init__(self) -> None:
+        self._pieces: dict[int, tuple[Any, int, Any]] = {}  # id(piece) -> (piece, seed index, stacked)
+
+    def clear(self) -> None:
+        self._pieces.clear()
+
+    def hand(self, stacked: Any, pieces: Sequence[Any]) -> None:
+        """Record ``pieces[i]`` as seed ``i``'s piece of ``stacked`` (one leaf)."""
+        for index, piece in enumerate(pieces):
+            self._pieces[id(piece)] = (piece, index, stacked)
+
+    def hand_tree(self, stacked: Any, trees: Sequence[Any]) -> None:
+        """Record every leaf of the pytrees ``trees`` (one per seed) as that seed's piece of the
+        corresponding leaf of ``stacked``."""
+        structure: Any = jax.tree_util.tree_structure(stacked)
+        columns = zip(*(structure.flatten_up_to(tree) for tree in trees), strict=True)
+        for leaf, column in zip(structure.flatten_up_to(stacked), columns, strict=True):
+            self.hand(leaf, column)
+
+    def stacked(self, column: Sequence[Any]) -> Any | None:
+        """The stacked array whose pieces ``column`` (one leaf per seed, in seed order) are, or None."""
+        first = self._pieces.get(id(column[0]))
+        if first is None:
+            return None
+        whole = first[2]
+        for index, leaf in enumerate(column):
+            entry = self._pieces.get(id(leaf))
+            if entry is None or entry[0] is not leaf or entry[1] != index or entry[2] is not whole:
+                return None
+        return whole
+
+
+def _read_only(tree: Any) -> Any:
+    """Host arrays that cannot be written (views of them cannot either)."""
+
+    def freeze(leaf: Any) -> Any:
+        leaf = np.asarray(leaf)
+        leaf.flags.writeable = False
+        return leaf
+
+    return jax.tree_util.tree_map(freeze, tree)
 
 
 def _same(env: Any) -> Any:
@@ -144,11 +197,20 @@ def record_seed_metrics(
     ``train/<key>`` (:func:`~sb3_worldmodels.common.training.aggregate_metric`)."""
     means: dict[str, list[float]] = {}
     for seed, metrics in zip(seeds, per_seed, strict=True):
+        prefix = f"seed_{seed}/train/"
         for key, value in metrics.items():
-            logger.record(f"seed_{seed}/train/{key}", value, exclude="stdout")
+            logger.record(prefix + key, value, exclude="stdout")
             means.setdefault(key, []).append(value)
+    # The keys every seed that trained has, at once (row r's mean is aggregate_metric(key, row)'s).
+    most = max((len(values) for values in means.values()), default=0)
+    plain = [key for key, values in means.items() if "stats/" not in key and len(values) == most]
+    at_once = {}
+    if plain:
+        rows = np.asarray([means[key] for key in plain], np.float64)
+        at_once = dict(zip(plain, np.mean(rows, axis=1).tolist(), strict=True))
     for key, seed_values in means.items():
-        logger.record(f"train/{key}", aggregate_metric(key, np.asarray(seed_values)))
+        mean = at_once[key] if key in at_once else aggregate_metric(key, np.asarray(seed_values))
+        logger.record(f"train/{key}", mean)
 
 
 class SeedLanes:
@@ -312,6 +374,9 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
     config_class: Any
     _wm_callbacks: list[WorldModelCallback]
     action_repeat: int
+    _hand_outs: HandOuts | None  # a group's pieces handed to its lanes (None for a single seed)
+    _rates_written: tuple[Any, bytes] | None  # Trainer's
+    _with_learning_rates: Callable[..., Any]  # Trainer's
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -495,30 +560,52 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
         return slice(index * n, (index + 1) * n)
 
     def _collect_act(self, obs: AgentObservation, learning_starts: int) -> np.ndarray:
+        """Every lane's acting call as one call over the seeds. The lanes get pieces of the group's
+        arrays (their rows of the observations, their step key, their part of the call's outputs, as
+        host arrays fetched in one transfer) and pass them back in the next call: those are stacked by
+        taking the group's arrays again (:class:`HandOuts`), e.g. a carried state stays on the device."""
         if self._lanes is None:
             return super()._collect_act(obs, learning_starts)  # type: ignore[misc]
+        assert self._hand_outs is not None
+        hand_outs = self._hand_outs
         state = self.policy.state
-        act_keys, step_keys = _split_keys(state["act_key"])
+        act_keys, step_keys, pieces = _split_keys(state["act_key"], self._placement is None)
         self.policy.state = {**state, "act_key": act_keys}
-        step_keys = self._unstacked(step_keys)
-        calls = [
-            lane._act_call(
-                map_observation(lambda x, i=i: x[self._seed_rows(i)], obs), learning_starts, step_keys[i]
-            )
-            for i, lane in enumerate(self._lanes)
-        ]
+        keys = list(pieces) if self._placement is None else self._placement.unstack(step_keys)
+        hand_outs.hand(step_keys, keys)
+        n = self.envs_per_seed
+        stacked_obs = map_observation(lambda x: x.reshape(self.n_seeds, n, *x.shape[1:]), obs)
+        seed_obs = [map_observation(lambda x, i=i: x[i], stacked_obs) for i in range(self.n_seeds)]
+        hand_outs.hand_tree(self._on_devices(stacked_obs), seed_obs)
+        calls = [lane._act_call(seed_obs[i], learning_starts, keys[i]) for i, lane in enumerate(self._lanes)]
         called = {call.function is not None for call in calls}
         if called == {False}:
+            hand_outs.clear()
             return np.concatenate([call.finish(None) for call in calls])
         if called != {True}:
             raise RuntimeError("The seeds of a group disagree on whether to act with the model.")
         first = calls[0]
-        arguments = self._stacked([call.arguments for call in calls])
+        arguments = self._stacked_arguments([call.arguments for call in calls])
         outputs = first.function.over_seeds(self._call_config)(
             first.reads(state["agent"]), *arguments, **first.static
         )
-        per_seed = self._unstacked(outputs)
+        host = _read_only(jax.device_get(outputs))  # one transfer; each seed's part a view
+        per_seed = [tree_slice(host, i) for i in range(self.n_seeds)]
+        hand_outs.clear()
+        hand_outs.hand_tree(outputs, per_seed)
         return np.concatenate([call.finish(per_seed[i]) for i, call in enumerate(calls)])
+
+    def _stacked_arguments(self, trees: list[Any]) -> Any:
+        """The lanes' call arguments (one pytree per seed) stacked along S: a leaf whose pieces the
+        group handed out is the group's array again, any other is stacked (:meth:`_stacked`)."""
+        assert self._hand_outs is not None
+        structure: Any = jax.tree_util.tree_structure(trees[0])
+        per_seed = [structure.flatten_up_to(tree) for tree in trees]
+        leaves = []
+        for column in zip(*per_seed, strict=True):
+            whole = self._hand_outs.stacked(column)
+            leaves.append(self._stacked(list(column)) if whole is None else whole)
+        return jax.tree_util.tree_unflatten(structure, leaves)
 
     def _count_step(self, dones: np.ndarray) -> int:
         if self._lanes is None:
@@ -585,9 +672,9 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
         rates = np.asarray([float(lane.lr_schedule(progress)) for lane in self._lanes], np.float32)
         state = self.policy.state
         # (S,) rates: one per seed
-        agent_state = self.core.set_learning_rate(state["agent"], self._on_devices(rates))
+        agent_state = self._with_learning_rates(state["agent"], rates, self._on_devices(rates))
         train = training_call(self.core).over_seeds(self._call_config)
-        per_seed: list[list[dict]] = [[] for _ in self._lanes]
+        chunks: list[dict[str, np.ndarray]] = []
         done = 0
         for k in training_chunks(total, size):
             counts = np.clip(owed - done, 0, k)
@@ -596,25 +683,39 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
                 for lane, c in zip(self._lanes, counts, strict=True)
             ]
             batch = stack_trees(_padded_batches([b.batch if b else None for b in batches], size))
-            # One transfer per field (to every device that holds seeds)
-            batch, count = jax.device_put(self._on_devices((batch, counts.astype(np.int32))))
+            # Host arrays: the call sends each field in one transfer (placed: to each device of the seeds)
+            batch, count = self._on_devices((batch, counts.astype(np.int32)))
             new_state, metrics, *outputs = train(agent_state, batch, count)
-            metrics, outputs = jax.device_get((metrics, tuple(outputs)))
-            for i, lane in enumerate(self._lanes):
-                if counts[i]:
-                    seed_metrics = {key: value[i, : counts[i]] for key, value in metrics.items()}
-                    self._refuse_non_finite_seed(i, lane, seed_metrics, done)
+            metrics, outputs = jax.device_get((metrics, tuple(outputs)))  # one transfer each
+            metrics = metrics.unpack()
+            self._refuse_non_finite_seeds(metrics, counts, done)
             agent_state = new_state
             for i, training in enumerate(batches):
                 if training is not None:
                     training.commit(*(jax.tree_util.tree_map(lambda x, i=i, c=counts[i]: x[i, :c], outputs)))
-                    per_seed[i].append({key: value[i, : counts[i]] for key, value in metrics.items()})
+            chunks.append({key: value[:, :k] for key, value in metrics.items()})
             self.policy.state = {**state, "agent": agent_state}
             done += k
+        self._rates_written = (agent_state, rates.tobytes())
         for lane, c in zip(self._lanes, owed, strict=True):
             lane._n_updates += int(c)
         self._n_updates += total
-        self._log_group_metrics(per_seed, float(np.mean(rates)))
+        # Seed i's updates are the first owed[i] of each row (a seed's updates come before its padding).
+        stacked = {key: np.concatenate([m[key] for m in chunks], axis=1) for key in chunks[0]}
+        self._log_group_metrics(stacked, owed, float(np.mean(rates)))
+
+    def _refuse_non_finite_seeds(self, metrics: dict[str, np.ndarray], counts: np.ndarray, done: int) -> None:
+        """Refuse a call where a seed's update (one of the first ``counts[i]`` of its row of the (S, K)
+        ``metrics``) is not finite: the first such seed's error (:meth:`_refuse_non_finite_seed`)."""
+        assert self._lanes is not None
+        ran = np.arange(next(iter(metrics.values())).shape[1])[None, :] < counts[:, None]
+        bad = np.zeros(len(counts), bool)
+        for key, values in metrics.items():
+            if not key.startswith(self.nan_allowed_metrics):
+                bad |= np.any(ran & ~np.isfinite(values), axis=1)
+        for i in np.flatnonzero(bad):
+            seed_metrics = {key: value[i, : counts[i]] for key, value in metrics.items()}
+            self._refuse_non_finite_seed(int(i), self._lanes[i], seed_metrics, done)
 
     def _refuse_non_finite_seed(self, index: int, lane: Any, metrics: dict, done: int) -> None:
         try:
@@ -622,21 +723,29 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
         except FloatingPointError as error:
             raise type(error)(f"Seed {lane.seed} (index {index}): {error}") from None
 
-    def _log_group_metrics(self, per_seed: list[list[dict]], learning_rate: float) -> None:
+    def _log_group_metrics(
+        self, metrics: dict[str, np.ndarray], owed: np.ndarray, learning_rate: float
+    ) -> None:
         """Each seed's metrics as ``seed_<seed>/train/<key>`` (not printed), their mean over the seeds
-        as ``train/<key>``; callbacks get every update's metrics averaged over the seeds that ran it."""
+        as ``train/<key>``; callbacks get every update's metrics averaged over the seeds that ran it.
+        ``metrics``: {key: (S, U)}, seed i's updates the first ``owed[i]`` of its row."""
         assert self.seeds is not None
-        seed_metrics = [
-            {key: aggregate_metric(key, np.concatenate([m[key] for m in calls])) for key in calls[0]}
-            if calls
-            else {}
-            for calls in per_seed
-        ]
+        seed_metrics: list[dict[str, float]] = [{} for _ in self.seeds]
+        for count in np.unique(owed[owed > 0]):  # the seeds that ran as many updates, at once
+            rows = np.flatnonzero(owed == count)
+            for key, values in metrics.items():
+                ran = values[rows, :count]
+                means = np.mean(ran, axis=1).tolist()  # each row's as aggregate_metric(key, row) gives it
+                if "stats/" in key:  # NaN where a batch lacked the class: the mean of the others
+                    for r in np.flatnonzero(np.isnan(ran).any(axis=1)):
+                        means[r] = aggregate_metric(key, ran[r])
+                for row, mean in zip(rows, means, strict=True):
+                    seed_metrics[row][key] = float(mean)
         record_seed_metrics(self.logger, self.seeds, seed_metrics)
         if self._wm_callbacks:
-            for metrics in _update_means(per_seed):
+            for update in _update_means(metrics, owed):
                 for cb in self._wm_callbacks:
-                    record_extra_metrics(self.logger, cb.on_post_update(metrics))
+                    record_extra_metrics(self.logger, cb.on_post_update(update))
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/learning_rate", learning_rate)
         self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)
@@ -661,19 +770,15 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
         super().dump_logs()
 
 
-def _update_means(per_seed: list[list[dict]]) -> list[dict[str, float]]:
-    """Per update index, each ``train/<key>`` averaged over the seeds that ran that update."""
-    rows: list[dict[str, list[float]]] = []
-    for calls in per_seed:
-        if not calls:
-            continue
-        stacked = {key: np.concatenate([m[key] for m in calls]) for key in calls[0]}
-        for key, values in stacked.items():
-            for u, v in enumerate(values):
-                while len(rows) <= u:
-                    rows.append({})
-                rows[u].setdefault(f"train/{key}", []).append(float(v))
-    return [{key: float(np.mean(v)) for key, v in row.items()} for row in rows]
+def _update_means(metrics: dict[str, np.ndarray], owed: np.ndarray) -> list[dict[str, float]]:
+    """Per update index u, each ``train/<key>`` averaged over the seeds that ran update u
+    (``metrics``: {key: (S, U)}, seed i's updates the first ``owed[i]`` of its row)."""
+    rows = []
+    for u in range(int(owed.max(initial=0))):
+        seeds = owed > u
+        ran = {key: values[seeds, u].astype(np.float64) for key, values in metrics.items()}
+        rows.append({f"train/{key}": float(np.mean(values)) for key, values in ran.items()})
+    return rows
 
 
 def _padded_batches(batches: list[Any], k: int) -> list[Any]:

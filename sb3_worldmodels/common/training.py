@@ -17,7 +17,7 @@ import numpy as np
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
 from sb3_worldmodels.blocks.devices import BatchPlacement
-from sb3_worldmodels.blocks.jit import AgentFunction
+from sb3_worldmodels.blocks.jit import AgentFunction, agent_jit
 from sb3_worldmodels.blocks.seeds import counted_updates
 from sb3_worldmodels.common.agent_hooks import AgentHooks
 from sb3_worldmodels.common.callbacks import WorldModelCallback, record_extra_metrics
@@ -26,13 +26,54 @@ from sb3_worldmodels.common.policy import JaxPolicy
 _TRAINING_CALLS: dict[Any, AgentFunction] = {}
 
 
+@jax.tree_util.register_pytree_node_class
+class PackedMetrics:
+    """A training call's metrics {name: (..., K)} with the float32 ones in one array (..., K, n), so
+    that they reach the host in one transfer, not one per metric (a device round trip each on an
+    accelerator). The names are the pytree's static part: they come back with the values."""
+
+    def __init__(self, values: Any, names: tuple[str, ...], rest: dict[str, Any], order: tuple[str, ...]):
+        self.values = values
+        self.names = names
+        self.rest = rest
+        self.order = order
+
+    @classmethod
+    def pack(cls, metrics: dict[str, Any]) -> PackedMetrics:
+        names = tuple(key for key, value in metrics.items() if value.dtype == np.float32)
+        rest = {key: value for key, value in metrics.items() if key not in names}
+        values = jax.numpy.stack([metrics[key] for key in names], axis=-1) if names else None
+        return cls(values, names, rest, tuple(metrics))
+
+    def unpack(self) -> dict[str, Any]:
+        """{name: (..., K)} in the metrics' own order (a float32 metric a view of the values)."""
+        columns = {name: self.values[..., j] for j, name in enumerate(self.names)}
+        return {key: columns[key] if key in columns else self.rest[key] for key in self.order}
+
+    def tree_flatten(self) -> tuple[tuple[Any, Any], tuple[tuple[str, ...], tuple[str, ...]]]:
+        return (self.values, self.rest), (self.names, self.order)
+
+    @classmethod
+    def tree_unflatten(cls, static: tuple[tuple[str, ...], tuple[str, ...]], children: Any) -> PackedMetrics:
+        return cls(children[0], static[0], children[1], static[1])
+
+
 def training_call(core: Any) -> AgentFunction:
-    """The training call of an agent's ``core`` module: ``fn(config, state, batches, count)`` with
-    K batches (the agent's ``_updates_per_call``) that runs the first ``count`` of them (None: all),
-    :func:`~sb3_worldmodels.blocks.seeds.counted_updates` of the core's ``train_step``. Every call of a
-    run has the same K, so a run compiles one training program whatever its schedule owes."""
+    """The training call of an agent's ``core`` module: ``fn(config, state, batches, count) ->
+    (state, PackedMetrics, *extra)`` with K batches (the agent's ``_updates_per_call``) that runs the
+    first ``count`` of them (None: all), :func:`~sb3_worldmodels.blocks.seeds.counted_updates` of the
+    core's ``train_step``, its metrics packed (:class:`PackedMetrics`). Every call of a run has the
+    same K, so a run compiles one training program whatever its schedule owes."""
     if core not in _TRAINING_CALLS:
-        _TRAINING_CALLS[core] = counted_updates(core.train_step)
+        counted = counted_updates(core.train_step)
+
+        def packed(config: Any, state: Any, batches: Any, count: Any = None) -> tuple[Any, ...]:
+            state, metrics, *extra = counted(config, state, batches, count)  # inlined in this program
+            return (state, PackedMetrics.pack(metrics), *extra)
+
+        name = f"counted_{getattr(core.train_step, '__name__', 'train_step')}"
+        packed.__name__ = packed.__qualname__ = name  # the program's name
+        _TRAINING_CALLS[core] = agent_jit(packed)
     return _TRAINING_CALLS[core]
 
 
@@ -81,6 +122,8 @@ class Trainer(AgentHooks, OffPolicyAlgorithm):
     action_repeat: int
     _batch_placement: BatchPlacement | None
     """Where ``data_parallel=True`` splits the training batches (None: one device, or not asked)."""
+    _rates_written: tuple[Any, bytes] | None
+    """(the agent state the last training call returned, the learning rates it holds as bytes)."""
 
     def train(self, gradient_steps: int, batch_size: int = 0) -> None:
         """Run the updates the agent's schedule owes (SB3's ``gradient_steps`` is ignored), in
@@ -94,7 +137,7 @@ class Trainer(AgentHooks, OffPolicyAlgorithm):
                 cb.on_pretrain()
         lr = self.current_learning_rate
         state = self.policy.state
-        agent_state = self.core.set_learning_rate(state["agent"], lr)
+        agent_state = self._with_learning_rates(state["agent"], np.float32(lr))
         all_metrics = []
         done = 0
         for k in training_chunks(owed, self._updates_per_call):
@@ -104,6 +147,7 @@ class Trainer(AgentHooks, OffPolicyAlgorithm):
             commit()
             self.policy.state = {**state, "agent": agent_state}
             all_metrics.append(metrics)
+        self._rates_written = (agent_state, np.float32(lr).tobytes())
         self._n_updates += owed
         # Each call returns every update's metrics with a leading K: one row per update owed.
         stacked = {key: np.concatenate([m[key] for m in all_metrics]) for key in all_metrics[0]}
@@ -118,6 +162,18 @@ class Trainer(AgentHooks, OffPolicyAlgorithm):
         self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)
         self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)
 
+    def _with_learning_rates(
+        self, agent_state: Any, rates: np.ndarray | np.floating, placed: Any = None
+    ) -> Any:
+        """``agent_state`` with the learning rate ``rates`` (a float32 scalar, or a group's (S,) one per
+        seed; ``placed``: them on the devices, if not as given) written into its optimisers, unless it
+        is the state the last training call returned with these rates in it (the calls keep the
+        rate: no host work, no transfer)."""
+        written = self._rates_written
+        if written is not None and written[0] is agent_state and written[1] == rates.tobytes():
+            return agent_state
+        return self.core.set_learning_rate(agent_state, rates if placed is None else placed)
+
     def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict, Callable[[], None]]:
         """k updates in one jitted call on k batches of the agent's replay (``_training_batch``),
         padded to the call's size: (new state, numpy metrics with a leading k, the call's side effects
@@ -125,14 +181,12 @@ class Trainer(AgentHooks, OffPolicyAlgorithm):
         size = self._updates_per_call
         training = self._training_batch(k)
         batch = pad_updates(training.batch, size)
-        if self._batch_placement is None:
-            batch = jax.device_put(batch)
-        else:  # data_parallel=True over several devices: each holds a part of every batch
+        if self._batch_placement is not None:  # data_parallel=True: each device holds a part of every batch
             batch = self._batch_placement.put_batch(batch, self.training_batch_axis)
         count = None if size == 1 else np.int32(k)  # one update per call: the core's own train_many
         new_state, metrics, *outputs = training_call(self.core)(self._config, agent_state, batch, count)
-        metrics, outputs = jax.device_get((metrics, tuple(outputs)))  # one transfer, sliced in numpy
-        metrics, outputs = jax.tree_util.tree_map(lambda x: x[:k], (metrics, outputs))
+        metrics, outputs = jax.device_get((metrics, tuple(outputs)))  # one transfer each, sliced in numpy
+        metrics, outputs = jax.tree_util.tree_map(lambda x: x[:k], (metrics.unpack(), outputs))
         return new_state, metrics, functools.partial(training.commit, *outputs)
 
     def _refuse_non_finite_update(self, metrics: dict[str, np.ndarray], done: int) -> None:
