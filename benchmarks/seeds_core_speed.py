@@ -75,25 +75,13 @@ def dreamerv3(seeds: int, sharded: bool = False) -> tuple[Callable[[], dict[str,
     ``train_many_jit``. Returns (a call that runs it once and returns its seconds, compile seconds)."""
     from sb3_worldmodels.dreamerv3 import agent as core
     from sb3_worldmodels.dreamerv3.config import preset
+    from sb3_worldmodels.dreamerv3.synthetic import random_batches
 
     config = preset("1m", obs_dim=4, action_dim=2, discrete=True, batch_size=16, batch_length=64)
     rng = np.random.default_rng(0)
 
     def batches() -> dict:
-        shape = (1, config.batch_size, config.batch_length + 1)
-        is_first = rng.random(shape) < 0.02
-        is_last = np.zeros(shape, bool)
-        is_last[..., :-1] = is_first[..., 1:]
-        return {
-            "obs": rng.normal(size=(*shape, config.obs_dim)).astype(np.float32),
-            "action": np.eye(2, dtype=np.float32)[rng.integers(0, 2, shape)],
-            "reward": rng.normal(size=shape).astype(np.float32),
-            "is_first": is_first,
-            "is_last": is_last,
-            "is_terminal": is_last & (rng.random(shape) < 0.5),
-            "deter": rng.normal(size=(*shape, config.deter)).astype(np.float32),
-            "stoch": rng.integers(0, config.classes, (*shape, config.stoch)).astype(np.int32),
-        }
+        return random_batches(config, 1, rng, first_rate=0.02)
 
     if seeds == 0:
         state, batch = core.init_state(config, jax.random.PRNGKey(0)), jax.device_put(batches())

@@ -182,6 +182,7 @@ class Case:
 def dreamerv3_case(pixels: bool) -> Case:
     from sb3_worldmodels.dreamerv3 import agent as core
     from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS, preset
+    from sb3_worldmodels.dreamerv3.synthetic import random_batches
 
     small = {k: v for k, v in SMOKE_SETTINGS.items() if k != "model_size"}
     small.update(batch_size=2, batch_length=3, warmup=1)  # warmup 1: the second update moves the weights
@@ -189,28 +190,10 @@ def dreamerv3_case(pixels: bool) -> Case:
     spaces = image if pixels else dict(obs_dim=3)
     config = preset("1m", action_dim=2, discrete=True, **spaces, **small)
     active = PIXEL_ACTIVE if pixels else VECTOR_ACTIVE
-    k, b, t1 = len(active[0]), config.batch_size, config.batch_length + 1
+    k = len(active[0])
 
     def batches(seed: int) -> dict:
-        rng = np.random.default_rng(100 + seed)
-        shape = (k, b, t1)
-        is_first = rng.random(shape) < 0.2
-        is_last = np.zeros(shape, bool)
-        is_last[..., :-1] = is_first[..., 1:]
-        batch = {
-            "action": np.eye(2, dtype=np.float32)[rng.integers(0, 2, shape)],
-            "reward": rng.normal(size=shape).astype(np.float32),
-            "is_first": is_first,
-            "is_last": is_last,
-            "is_terminal": is_last & (rng.random(shape) < 0.5),
-            "deter": rng.normal(size=(*shape, config.deter)).astype(np.float32),
-            "stoch": rng.integers(0, config.classes, (*shape, config.stoch)).astype(np.int32),
-        }
-        if pixels:
-            batch["image"] = rng.integers(0, 256, (*shape, *config.image_shape)).astype(np.uint8)
-        else:
-            batch["obs"] = rng.normal(size=(*shape, config.obs_dim)).astype(np.float32)
-        return batch
+        return random_batches(config, k, np.random.default_rng(100 + seed))
 
     def acting(config: Any, state: Any, seed: int) -> tuple:
         rng = np.random.default_rng(200 + seed)

@@ -84,6 +84,7 @@ def dreamerv3_programs(seeds: int = 0, pixels: bool = False) -> dict[str, Progra
     """DreamerV3's update and acting step; ``seeds`` > 0: over that many seeds."""
     from sb3_worldmodels.dreamerv3 import agent as core
     from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS, preset
+    from sb3_worldmodels.dreamerv3.synthetic import random_batches
 
     small = {k: v for k, v in SMOKE_SETTINGS.items() if k != "model_size"}
     small.update(batch_size=2, batch_length=3)
@@ -92,25 +93,11 @@ def dreamerv3_programs(seeds: int = 0, pixels: bool = False) -> dict[str, Progra
     )
     config = preset("1m", action_dim=2, discrete=True, **space, **small)
     rng = np.random.default_rng(0)
-    shape = (1, config.batch_size, config.batch_length + 1)
-    is_first = rng.random(shape) < 0.2
-    is_last = np.zeros(shape, bool)
-    is_last[..., :-1] = is_first[..., 1:]
-    batch = {
-        "action": np.eye(2, dtype=np.float32)[rng.integers(0, 2, shape)],
-        "reward": rng.normal(size=shape).astype(np.float32),
-        "is_first": is_first,
-        "is_last": is_last,
-        "is_terminal": is_last & (rng.random(shape) < 0.5),
-        "deter": rng.normal(size=(*shape, config.deter)).astype(np.float32),
-        "stoch": rng.integers(0, config.classes, (*shape, config.stoch)).astype(np.int32),
-    }
+    batch = random_batches(config, 1, rng)
     n = 3
     if pixels:
-        batch["image"] = rng.integers(0, 256, (*shape, *config.image_shape)).astype(np.uint8)
         obs: Any = {"image": rng.integers(0, 256, (n, *config.image_shape)).astype(np.uint8)}
     else:
-        batch["obs"] = rng.normal(size=(*shape, config.obs_dim)).astype(np.float32)
         obs = rng.normal(size=(n, config.obs_dim)).astype(np.float32)
     name = "dreamerv3-pixels" if pixels else "dreamerv3"
     state = core.init_state(config, jax.random.PRNGKey(0))

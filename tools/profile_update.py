@@ -36,6 +36,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
+from sb3_worldmodels.dreamerv3.synthetic import random_batches  # noqa: E402
+
 SIZES = {
     "1m": {},
     "tiny": dict(units=16, deter=32, hidden=16, classes=4, stoch=4, blocks=4, imag_horizon=3),
@@ -56,25 +58,7 @@ def make_config(args: argparse.Namespace, preset: Callable[..., Any]) -> Any:
 
 def make_batches(config: Any, k: int, seed: int = 0) -> dict[str, jax.Array]:
     """(K, B, T+1) random replay windows with some episode boundaries."""
-    rng = np.random.default_rng(seed)
-    shape = (k, config.batch_size, config.batch_length + 1)
-    if config.discrete:
-        action = np.eye(config.action_dim, dtype=np.float32)[rng.integers(0, config.action_dim, shape)]
-    else:
-        action = rng.uniform(-1, 1, size=(*shape, config.action_dim)).astype(np.float32)
-    is_first = rng.random(shape) < 0.02
-    is_last = np.zeros(shape, bool)
-    is_last[..., :-1] = is_first[..., 1:]
-    batch = {
-        "obs": rng.normal(size=(*shape, config.obs_dim)).astype(np.float32),
-        "action": action,
-        "reward": rng.normal(size=shape).astype(np.float32),
-        "is_first": is_first,
-        "is_last": is_last,
-        "is_terminal": is_last & (rng.random(shape) < 0.5),
-        "deter": rng.normal(size=(*shape, config.deter)).astype(np.float32),
-        "stoch": rng.integers(0, config.classes, (*shape, config.stoch)).astype(np.int32),
-    }
+    batch = random_batches(config, k, np.random.default_rng(seed), first_rate=0.02)
     return {key: jnp.asarray(value) for key, value in batch.items()}
 
 
