@@ -38,9 +38,9 @@ import gymnasium as gym
 import numpy as np
 from evaluation import (
     brief,
+    check_result,
     evaluate_fresh,
     group_name,
-    group_results,
     learn_in_segments,
     run_record,
     script_command,
@@ -128,32 +128,18 @@ def main(argv: list[str] | None = None) -> dict:
         started=started,
     )
     where = run_record(script_command(__file__, argv))
-    head = {
-        "task": args.task,
-        **({"seed": args.seed} if args.seeds is None else {"seeds": args.seeds}),
-        "rows": model.num_timesteps,
-        "done": record["done"],
-        "updates": model._n_updates,
-        "wall_seconds": record["seconds"],
-        "resumed_at": record["resumed_at"],
-    }
-    if args.seeds is None:
-        score = score_of(args.task, record["curve"], args.smoke)
-        result = {
-            **head,
-            "score": score,
-            "threshold": task["threshold"],
-            "passed": bool(record["done"] and score >= task["threshold"]),
-            "settings": settings,
-            **where,
-            "curve": record["curve"],
-            "train_curve": record["train_curve"],
-        }
-    else:
-        summary, per_seed = group_results(
-            record, model, lambda curve: score_of(args.task, curve, args.smoke), task["threshold"], "rows"
-        )
-        result = {**head, **summary, "settings": settings, **where, "per_seed": per_seed}
+    result = check_result(
+        args.task,
+        args.seed,
+        args.seeds,
+        model,
+        record,
+        lambda curve: score_of(args.task, curve, args.smoke),
+        task["threshold"],
+        "rows",
+        settings,
+        where,
+    )
     out = results / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

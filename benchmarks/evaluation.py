@@ -418,6 +418,46 @@ def group_results(
     return {**summary, "threshold": threshold}, per_seed
 
 
+def check_result(
+    task: str,
+    seed: int | None,
+    seeds: list[int] | None,
+    model: BaseAlgorithm,
+    record: dict,
+    score: Callable[[list[dict]], float],
+    threshold: float,
+    x_key: str,
+    settings: dict,
+    where: dict,
+) -> dict:
+    """A learning check's result file: the run's head (task, seed or seeds, ``x_key`` steps, done,
+    updates, time, resume point), then one model's score, bar, verdict and curves, or a seed group's
+    summary (:func:`group_results`) and its entries per seed; the settings and ``where`` it ran."""
+    head = {
+        "task": task,
+        **({"seed": seed} if seeds is None else {"seeds": seeds}),
+        x_key: model.num_timesteps,
+        "done": record["done"],
+        "updates": model._n_updates,
+        "wall_seconds": record["seconds"],
+        "resumed_at": record["resumed_at"],
+    }
+    if seeds is not None:
+        summary, per_seed = group_results(record, model, score, threshold, x_key)
+        return {**head, **summary, "settings": settings, **where, "per_seed": per_seed}
+    value = score(record["curve"])
+    return {
+        **head,
+        "score": value,
+        "threshold": threshold,
+        "passed": bool(record["done"] and value >= threshold),
+        "settings": settings,
+        **where,
+        "curve": record["curve"],
+        "train_curve": record["train_curve"],
+    }
+
+
 def brief(result: dict) -> dict:
     """A result without its curves (what the scripts print)."""
     shown = {k: v for k, v in result.items() if k not in ("curve", "train_curve", "per_seed")}

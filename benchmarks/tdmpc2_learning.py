@@ -46,9 +46,9 @@ from pathlib import Path
 
 from evaluation import (
     brief,
+    check_result,
     evaluate_fresh,
     group_name,
-    group_results,
     learn_in_segments,
     run_record,
     script_command,
@@ -186,15 +186,6 @@ def main(argv: list[str] | None = None) -> dict:
         started=started,
     )
     where = run_record(script_command(__file__, argv))
-    head = {
-        "task": args.task,
-        **({"seed": args.seed} if args.seeds is None else {"seeds": args.seeds}),
-        "steps": model.num_timesteps,
-        "done": record["done"],
-        "updates": model._n_updates,
-        "wall_seconds": record["seconds"],
-        "resumed_at": record["resumed_at"],
-    }
     run_settings = {
         "model_size": settings["model_size"],
         "action_repeat": repeat,
@@ -202,27 +193,18 @@ def main(argv: list[str] | None = None) -> dict:
         "dropout_masks": args.dropout_masks,
         **({"smoke": SMOKE["settings"]} if args.smoke else {}),
     }
-    if args.seeds is None:
-        score = record["curve"][-1]["eval_mean"] if record["curve"] else float("nan")
-        result = {
-            **head,
-            "score": score,
-            "threshold": task["threshold"],
-            "passed": bool(record["done"] and score >= task["threshold"]),
-            "settings": run_settings,
-            **where,
-            "curve": record["curve"],
-            "train_curve": record["train_curve"],
-        }
-    else:
-        summary, per_seed = group_results(
-            record,
-            model,
-            lambda curve: curve[-1]["eval_mean"] if curve else float("nan"),
-            task["threshold"],
-            "steps",
-        )
-        result = {**head, **summary, "settings": run_settings, **where, "per_seed": per_seed}
+    result = check_result(
+        args.task,
+        args.seed,
+        args.seeds,
+        model,
+        record,
+        lambda curve: curve[-1]["eval_mean"] if curve else float("nan"),
+        task["threshold"],
+        "steps",
+        run_settings,
+        where,
+    )
     out = results / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
