@@ -21,7 +21,8 @@ from stable_baselines3.common.vec_env import VecEnvWrapper
 
 from sb3_worldmodels import TDMPC2, DreamerV3
 from sb3_worldmodels.common import replay as replay_module
-from sb3_worldmodels.common.seed_group import SEED_COUNTERS, HandOuts, interquartile_mean
+from sb3_worldmodels.common.seed_group import HandOuts
+from sb3_worldmodels.common.seed_lanes import SEED_COUNTERS, interquartile_mean
 from sb3_worldmodels.common.training import NonFiniteUpdateError
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE

@@ -14,7 +14,7 @@ from stable_baselines3.common.logger import Logger
 
 from sb3_worldmodels import TDMPC2, MultiTaskEvalCallback, TDMPC2MultiTask
 from sb3_worldmodels.blocks.optim import get_learning_rate
-from sb3_worldmodels.common.seed_group import SEED_COUNTERS
+from sb3_worldmodels.common.seed_lanes import SEED_COUNTERS
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS
 from tests.test_seed_groups import Captured, assert_trees_close
 from tests.test_tdmpc2_multitask import _LinearTask, two_task_pool

@@ -58,7 +58,8 @@ from sb3_worldmodels.common.sb3_keywords import (
     refuse_unsupported_options,
     take_sb3_alias,
 )
-from sb3_worldmodels.common.seed_group import HandOuts, SeedGroup, group_vec_env, seed_list
+from sb3_worldmodels.common.seed_group import HandOuts, SeedGroup, group_vec_env
+from sb3_worldmodels.common.seed_lanes import seed_list
 from sb3_worldmodels.common.training import NonFiniteUpdateError, Trainer
 
 

@@ -10,7 +10,7 @@ It is an SB3 algorithm of the package's family: ``learn(n)`` runs ``n`` gradient
 use the checkpoint format of ``DreamerV3`` and ``TDMPC2`` (:mod:`sb3_worldmodels.common.checkpoints`);
 ``predict`` plans for one named task with the family's key rule; ``evaluate`` runs each task's env.
 
-A list of seeds makes a seed group (:class:`~sb3_worldmodels.common.seed_group.SeedLanes`): one state
+A list of seeds makes a seed group (:class:`~sb3_worldmodels.common.seed_lanes.SeedLanes`): one state
 with a leading seed axis, one jitted update call for all seeds, each seed sampling its own windows
 from the same pool with its own generator, as a single-seed model with that seed does.
 """
@@ -40,7 +40,7 @@ from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.checkpoints import STATE_PREFIX, Checkpointing
 from sb3_worldmodels.common.policy import JaxPolicy
 from sb3_worldmodels.common.predict import check_carried_state, check_predict_args, predict_keys
-from sb3_worldmodels.common.seed_group import (
+from sb3_worldmodels.common.seed_lanes import (
     SeedLanes,
     check_per_seed_values,
     per_seed_values,

@@ -38,7 +38,7 @@ from stable_baselines3.common.vec_env import sync_envs_normalization
 
 from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.checkpoints import checkpoint_header
-from sb3_worldmodels.common.seed_group import interquartile_mean, seed_list
+from sb3_worldmodels.common.seed_lanes import interquartile_mean, seed_list
 from sb3_worldmodels.common.training import NonFiniteUpdateError
 
 GROUP_KEYS = ("n_seeds", "seeds")
