@@ -6,6 +6,12 @@ the ``rl_zoo3`` subprocesses all inherit ``JAX_COMPILATION_CACHE_DIR`` set here,
 compiled by one is loaded by the others. The cache is keyed by the compiled program itself, so a hit
 can only return the same executable. A run that sets ``JAX_COMPILATION_CACHE_DIR`` itself keeps it;
 ``SB3WM_TEST_JAX_CACHE=0`` switches the shared cache off.
+
+The package's own default cache (``sb3_worldmodels.blocks.compile_cache``: a folder of the user's cache
+directory) is switched off for the whole run (``SB3WM_COMPILATION_CACHE=off``, inherited by the workers
+and subprocesses): no test writes into the user's folder or reads what an earlier run left there, with
+or without the shared cache above. tests/test_compile_cache.py runs its own processes with a folder of
+their own.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from collections.abc import Iterator
 import pytest
 
 _OWNED_CACHE: list[str] = []
+
+os.environ["SB3WM_COMPILATION_CACHE"] = "off"  # see the module docstring
 
 # dm_control picks its OpenGL backend when first imported, which a plugin may do before any test
 # (through shimmy): headless EGL for the pixel tests, unless the run chose a backend or has a display.
@@ -188,6 +196,9 @@ EXTENDED_TESTS = {
     ),
     "test_steady_state.py::test_dreamerv3_group_learn_compiles_nothing_after_the_first_training_call": (
         "a DreamerV3 group's programs compiled and run through learn"
+    ),
+    "test_compile_cache.py::test_a_second_process_loads_every_agent_program_the_first_compiled": (
+        "a tiny TD-MPC2 compiled and trained in a fresh process, then loaded from the cache in another"
     ),
     "test_devices.py::test_a_tdmpc2_group_sharded_over_4_devices_equals_it_on_one": (
         "a group compiled and run in two fresh processes, on 4 devices and on 1"

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -14,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 
 from sb3_worldmodels.blocks.backend import gather_free, gather_free_forms
+from sb3_worldmodels.blocks.compile_cache import use_compilation_cache
 
 COMPILER_OPTIONS = {"xla_backend_optimization_level": 1, "xla_cpu_experimental_ynn_fusion_type": ""}
 """XLA options of the agents' jitted functions (CPU options; other backends ignore them). LLVM's level
@@ -142,6 +144,7 @@ class AgentFunction:
         key = (config, gather_free())
         jitted = self._compiled.pop(key, None)
         if jitted is None:
+            use_compilation_cache()
             free = key[1]
 
             def call(*args: Any, **kwargs: Any) -> Any:
@@ -175,6 +178,7 @@ class AgentFunction:
         key = (config if per_seed is None else per_seed.program_key, gather_free())
         jitted = self._compiled_over_seeds.pop(key, None)
         if jitted is None:
+            use_compilation_cache()
             jitted = self._jit_over_seeds(config, per_seed)
             while len(self._compiled_over_seeds) >= COMPILED_CONFIGS_KEPT:
                 self._compiled_over_seeds.popitem(last=False)
@@ -281,6 +285,71 @@ def compilations() -> Iterator[list[str]]:
         yield names
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
+
+
+CACHE_LOOKUP_EVENT = "/jax/compilation_cache/compile_requests_use_cache"
+"""JAX's event of a program looked up in the persistent compilation cache before it is compiled."""
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+"""JAX's event of a program loaded from the persistent cache (no compilation)."""
+CACHE_WRITE_EVENT = "/jax/compilation_cache/cache_misses"
+"""JAX's event of a compiled program written to the persistent cache (jax 0.10 names it a miss but
+records it only for a written entry: a program under the cache's thresholds misses silently)."""
+
+
+@dataclasses.dataclass
+class CacheEvents:
+    """What JAX's persistent compilation cache did for the programs compiled inside a block, by
+    program name (a name once per compilation)."""
+
+    hits: list[str] = dataclasses.field(default_factory=list)
+    """Loaded from the cache: nothing compiled."""
+    misses: list[str] = dataclasses.field(default_factory=list)
+    """Looked up, not found, compiled (written or not)."""
+    written: list[str] = dataclasses.field(default_factory=list)
+    """The misses written to the cache (the others compiled faster than its threshold or call back
+    to the host)."""
+    uncached: list[str] = dataclasses.field(default_factory=list)
+    """Compiled without a look-up: JAX's cache switched off (``jax_enable_compilation_cache``)."""
+
+
+@contextlib.contextmanager
+def cache_events() -> Iterator[CacheEvents]:
+    """The persistent cache's answer for every program compiled inside the block (the agents' and any
+    other), from JAX's monitoring events: a compilation's cache events come between its start and its
+    end (:data:`COMPILE_EVENT`), in the compiling thread."""
+    events = CacheEvents()
+    local = threading.local()
+
+    def started(event: str, value: float | int, **kwargs: str | int) -> None:
+        if event == COMPILE_EVENT:
+            local.__dict__.setdefault("open", []).append(set())
+
+    def cache_event(event: str, **kwargs: str | int) -> None:
+        if event in (CACHE_LOOKUP_EVENT, CACHE_HIT_EVENT, CACHE_WRITE_EVENT) and getattr(local, "open", None):
+            local.open[-1].add(event)
+
+    def ended(event: str, duration_secs: float, **kwargs: str | int) -> None:
+        if event != COMPILE_EVENT or not getattr(local, "open", None):
+            return
+        seen, name = local.open.pop(), str(kwargs.get("fun_name"))
+        if CACHE_HIT_EVENT in seen:
+            events.hits.append(name)
+        elif CACHE_LOOKUP_EVENT in seen:
+            events.misses.append(name)
+            if CACHE_WRITE_EVENT in seen:
+                events.written.append(name)
+        else:
+            events.uncached.append(name)
+
+    jax.monitoring.register_scalar_listener(started)
+    jax.monitoring.register_event_listener(cache_event)
+    jax.monitoring.register_event_duration_secs_listener(ended)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_scalar_listener(started)
+        jax.monitoring.unregister_event_listener(cache_event)
+        jax.monitoring.unregister_event_duration_listener(ended)
 
 
 @dataclasses.dataclass
