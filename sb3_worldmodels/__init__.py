@@ -1,6 +1,7 @@
 """World-model reinforcement learning (DreamerV3, TD-MPC2) as drop-in Stable-Baselines3 algorithms."""
 
 from sb3_worldmodels.common.callbacks import WorldModelCallback
+from sb3_worldmodels.common.seed_eval import SeedGroupEvalCallback
 from sb3_worldmodels.dreamerv3 import DreamerV3, DreamerV3Config
 from sb3_worldmodels.envs import (
     ActionRepeat,
@@ -30,6 +31,7 @@ __all__ = [
     "DreamerV3Config",
     "FlattenDictObservation",
     "MultiTaskEvalCallback",
+    "SeedGroupEvalCallback",
     "TDMPC2Config",
     "TDMPC2MultiTask",
     "TaskPool",

@@ -179,6 +179,8 @@ EXTENDED_TESTS = {
     "test_seed_groups.py::test_dreamerv3_group_split_by_save_and_load_equals_the_whole_run": (
         "a DreamerV3 group's update compiled and run three times over"
     ),
+    "test_seed_eval.py::test_a_group_evaluates_every_seed_logs_their_mean_and_saves_the_best_group"
+    "[trained]": "a seed group's update compiled and run through learn, every seed's episodes planned",
     "test_tdmpc2_multitask_seeds.py::test_each_seed_of_a_multitask_group_equals_its_single_seed_model": (
         "a multi-task group's and each seed's single-seed programs compiled and run side by side"
     ),

@@ -323,7 +323,8 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
     def _refuse_group_evaluation(self, callback: Any) -> None:
         """Refuse SB3's EvalCallback for a group before ``learn`` changes anything: it evaluates
         ``model.predict``, which acts for one seed named by ``seed_index``. An EvalCallback that says
-        ``evaluates_every_seed = True`` evaluates ``seed_model(i)`` itself (rl_zoo3's, in ``zoo.seeds``)."""
+        ``evaluates_every_seed = True`` evaluates ``seed_model(i)`` itself
+        (:class:`~sb3_worldmodels.common.seed_eval.SeedGroupEvalCallback`)."""
         if self.seeds is None:
             return
         given = callback if isinstance(callback, list) else [callback]
@@ -331,9 +332,10 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
         if any(isinstance(c, EvalCallback) and not getattr(c, "evaluates_every_seed", False) for c in found):
             raise ValueError(
                 f"EvalCallback evaluates model.predict, and a seed group (seeds {list(self.seeds)}) acts "
-                "for one seed at a time (predict(..., seed_index=i)). Evaluate each seed's model instead, "
-                "evaluate_policy(group.seed_model(i), env), e.g. from a CheckpointCallback's saves; the "
-                "training returns of each seed are logged as seed_<seed>/rollout/ep_rew_mean."
+                "for one seed at a time (predict(..., seed_index=i)). Use SeedGroupEvalCallback(eval_env, "
+                "...) (from sb3_worldmodels; SB3's EvalCallback arguments), which evaluates every seed and "
+                "logs their mean as eval/mean_reward, or evaluate one seed's model, "
+                "evaluate_policy(group.seed_model(i), eval_env)."
             )
 
     # ------------------------------------------------------------------ collection

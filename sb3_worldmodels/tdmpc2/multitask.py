@@ -52,7 +52,7 @@ from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2 import networks
 from sb3_worldmodels.tdmpc2.config import TDMPC2Config, check_config, preset, seed_settings
 from sb3_worldmodels.tdmpc2.multitask_callbacks import MultiTaskEvalCallback as MultiTaskEvalCallback
-from sb3_worldmodels.tdmpc2.multitask_callbacks import UpdatesProgressBar
+from sb3_worldmodels.tdmpc2.multitask_callbacks import UpdatesProgressBar, refuse_one_env_evaluation
 from sb3_worldmodels.tdmpc2.upgrade import EarlierCheckpoints
 
 _DMC_TASKS = (
@@ -292,7 +292,8 @@ class TDMPC2MultiTask(SeedLanes, EarlierCheckpoints, Checkpointing, BaseAlgorith
         """Run ``total_timesteps`` gradient updates on windows of the pool (offline_trainer.py:73-90
         @b67b21c) with SB3's callbacks (returning False from ``on_step`` stops), logger and progress
         bar; metrics are logged every ``log_interval`` updates. ``data`` replaces the pool (e.g. after
-        :meth:`load`)."""
+        :meth:`load`). An EvalCallback is refused: evaluate with :class:`MultiTaskEvalCallback`."""
+        refuse_one_env_evaluation(callback)
         if data is not None:
             self._attach(data)
         if self.pool is None:

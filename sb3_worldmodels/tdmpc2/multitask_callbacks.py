@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
-from stable_baselines3.common.callbacks import BaseCallback, ProgressBarCallback
+from stable_baselines3.common.callbacks import BaseCallback, EvalCallback, ProgressBarCallback
+from stable_baselines3.common.type_aliases import MaybeCallback
+
+from sb3_worldmodels.common.callbacks import walk_callbacks
 
 if TYPE_CHECKING:
     from sb3_worldmodels.tdmpc2.multitask import TDMPC2MultiTask
@@ -21,6 +24,20 @@ class UpdatesProgressBar(ProgressBarCallback):
     def _on_step(self) -> bool:
         self.pbar.update(1)
         return True
+
+
+def refuse_one_env_evaluation(callback: MaybeCallback) -> None:
+    """Refuse an ``EvalCallback`` (SB3's, ``SeedGroupEvalCallback``) among ``learn``'s callbacks, before
+    anything changes: it plays one eval env with ``model.predict``, which here plans for a named task."""
+    given = callback if isinstance(callback, list) else [callback]
+    for found in (c for root in given if isinstance(root, BaseCallback) for c in walk_callbacks(root)):
+        if isinstance(found, EvalCallback):
+            raise ValueError(
+                f"{type(found).__name__} plays one eval env with model.predict, and a TDMPC2MultiTask "
+                "plans for a named task (predict(obs, task=...)). Evaluate it with "
+                "MultiTaskEvalCallback(envs, eval_freq=...) (from sb3_worldmodels; envs: task name -> env), "
+                "which evaluates every task, and every seed of a group."
+            )
 
 
 class MultiTaskEvalCallback(BaseCallback):

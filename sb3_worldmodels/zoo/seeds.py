@@ -12,8 +12,8 @@ The zoo builds the env and the model itself; :func:`patch_experiment_manager` ma
   :class:`GroupBuilder`, which passes the group's seed list where the zoo passes one int (or None:
   every Optuna trial trains the same seeds) and checks the file of a resumed run;
 - ``EvalCallback`` and ``TrialEvalCallback`` as the manager makes them evaluate every seed
-  (:class:`SeedGroupEvalCallback`): the zoo's mean reward, best model and Optuna report are the mean
-  over the seeds;
+  (:class:`~sb3_worldmodels.common.seed_eval.SeedGroupEvalCallback`, the package's): the zoo's mean
+  reward, best model and Optuna report are the mean over the seeds;
 - ``objective`` prunes a trial of ours whose update is not finite (:class:`NonFiniteUpdateError`, in
   any seed), as the zoo prunes its own algorithms' NaN trials, instead of ending the study.
 
@@ -27,18 +27,15 @@ A manager for another algorithm, or for ours without ``n_seeds``, runs exactly a
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 import numpy as np
-from stable_baselines3.common.callbacks import EvalCallback
-from stable_baselines3.common.evaluation import evaluate_policy
-from stable_baselines3.common.vec_env import sync_envs_normalization
 
 from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.checkpoints import checkpoint_header
-from sb3_worldmodels.common.seed_lanes import interquartile_mean, seed_list
+from sb3_worldmodels.common.seed_eval import SeedGroupEvalCallback
+from sb3_worldmodels.common.seed_lanes import seed_list
 from sb3_worldmodels.common.training import NonFiniteUpdateError
 
 GROUP_KEYS = ("n_seeds", "seeds")
@@ -168,84 +165,6 @@ class ZooAlgos(Mapping):
 
 
 # ---------------------------------------------------------------------- evaluation
-class SeedGroupEvalCallback(EvalCallback):
-    """SB3's ``EvalCallback``; for a seed group, every seed is evaluated (``seed_model(i)``, one after
-    another on the eval env, ``n_eval_episodes`` each) and the mean over the seeds of each seed's mean
-    return is ``last_mean_reward`` (what the zoo's Optuna trial reports and returns) and decides the
-    best model (the whole group is saved). Logged: ``eval/mean_reward`` (that mean),
-    ``eval/mean_reward_iqm`` (the seeds' interquartile mean), ``eval/mean_ep_length`` and
-    ``seed_<s>/eval/mean_reward``. ``evaluations.npz`` holds ``results`` and ``ep_lengths`` as
-    (evaluations, seeds x episodes), seed-major, and ``seeds``."""
-
-    evaluates_every_seed = True
-    """A seed group accepts this EvalCallback (it refuses SB3's, which evaluates ``model.predict``)."""
-
-    def _on_step(self) -> bool:
-        seeds = getattr(self.model, "seeds", None)
-        if seeds is None:
-            return super()._on_step()
-        if self.eval_freq <= 0 or self.n_calls % self.eval_freq:
-            return True
-        if self.model.get_vec_normalize_env() is not None:
-            sync_envs_normalization(self.training_env, self.eval_env)
-        returns, lengths = [], []
-        for index in range(len(seeds)):
-            episode_returns, episode_lengths = evaluate_policy(
-                self.model.seed_model(index),  # type: ignore[attr-defined]
-                self.eval_env,
-                n_eval_episodes=self.n_eval_episodes,
-                render=self.render,
-                deterministic=self.deterministic,
-                return_episode_rewards=True,
-                warn=self.warn,
-            )
-            returns.append(np.asarray(episode_returns, np.float64))
-            lengths.append(np.asarray(episode_lengths, np.int64))
-        seed_means = [float(np.mean(r)) for r in returns]
-        mean_reward = float(np.mean(seed_means))
-        mean_length = float(np.mean(np.concatenate(lengths)))
-        self._log_evaluation(seeds, returns, lengths)
-        self.last_mean_reward = mean_reward
-        if self.verbose >= 1:
-            print(
-                f"Eval num_timesteps={self.num_timesteps}, mean over {len(seeds)} seeds: "
-                f"{mean_reward:.2f} (seeds: {', '.join(f'{m:.2f}' for m in seed_means)})"
-            )
-        for seed, seed_mean in zip(seeds, seed_means, strict=True):
-            self.logger.record(f"seed_{seed}/eval/mean_reward", seed_mean, exclude="stdout")
-        self.logger.record("eval/mean_reward", mean_reward)
-        self.logger.record("eval/mean_reward_iqm", interquartile_mean(seed_means))
-        self.logger.record("eval/mean_ep_length", mean_length)
-        self.logger.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
-        self.logger.dump(self.num_timesteps)
-        continue_training = True
-        if mean_reward > self.best_mean_reward:
-            if self.verbose >= 1:
-                print("New best mean reward!")
-            if self.best_model_save_path is not None:
-                self.model.save(os.path.join(self.best_model_save_path, "best_model"))
-            self.best_mean_reward = mean_reward
-            if self.callback_on_new_best is not None:
-                continue_training = self.callback_on_new_best.on_step()
-        if self.callback is not None:
-            continue_training = continue_training and self._on_event()
-        return continue_training
-
-    def _log_evaluation(self, seeds: tuple[int, ...], returns: list, lengths: list) -> None:
-        if self.log_path is None:
-            return
-        self.evaluations_timesteps.append(self.num_timesteps)
-        self.evaluations_results.append(np.concatenate(returns).tolist())
-        self.evaluations_length.append(np.concatenate(lengths).tolist())
-        np.savez(
-            self.log_path,
-            timesteps=self.evaluations_timesteps,
-            results=self.evaluations_results,
-            ep_lengths=self.evaluations_length,
-            seeds=np.asarray(seeds),
-        )
-
-
 def _trial_eval_callback(trial_eval_callback: type) -> type:
     """rl_zoo3's ``TrialEvalCallback`` over :class:`SeedGroupEvalCallback` (its ``super()._on_step()``
     evaluates every seed): its report to the trial at each evaluation, what the pruner sees, and the
