@@ -208,6 +208,9 @@ EXTENDED_TESTS = {
     "test_devices.py::test_a_dreamerv3_group_of_2_seeds_on_a_host_of_4_devices_equals_it_on_one": (
         "a group compiled and run in two fresh processes, on 4 devices and on 1"
     ),
+    "test_devices.py::test_dreamerv3_data_parallel_updates_equal_the_one_device_updates": (
+        "a model compiled and run in two fresh processes, on 4 devices and on 1"
+    ),
     "test_devices.py::test_data_parallel_updates_equal_the_one_device_updates": (
         "a model compiled and run in two fresh processes, on 4 devices and on 1"
     ),

@@ -3,10 +3,12 @@ device count is fixed when JAX starts).
 
     python tests/device_runs.py SCENARIO N_DEVICES OUT.npz
 
-writes the model's state leaves after the run (``leaf_<i>``, in tree order) and prints one JSON line
-of facts about where they lived. Scenarios: ``tdmpc2_group`` (4 seeds), ``dreamerv3_group`` (2 seeds),
-``data_parallel`` (one TD-MPC2 model with ``data_parallel=True``), ``multitask_group`` (a
-``TDMPC2MultiTask`` of 4 seeds trained on a small pool written next to ``OUT.npz``).
+writes the model's state leaves after the run (``leaf_<i>``, in tree order; a scenario may add arrays
+of its own, ``replay_<field>``) and prints one JSON line of facts about where they lived. Scenarios:
+``tdmpc2_group`` (4 seeds), ``dreamerv3_group`` (2 seeds), ``data_parallel`` (one TD-MPC2 model with
+``data_parallel=True``), ``dreamerv3_data_parallel`` (one DreamerV3 model with ``data_parallel=True``),
+``multitask_group`` (a ``TDMPC2MultiTask`` of 4 seeds trained on a small pool written next to
+``OUT.npz``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def main(scenario: str, n_devices: int, out: str) -> None:
         return make_vec_env(lambda: gym.make("Pendulum-v1", max_episode_steps=20), n_envs=n_envs)
 
     facts: dict = {}
+    extra: dict = {}  # arrays written beside the state's leaves
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if scenario == "tdmpc2_group":
@@ -73,13 +76,20 @@ def main(scenario: str, n_devices: int, out: str) -> None:
         elif scenario == "data_parallel":
             model = TDMPC2(pendulum(1), seed=0, data_parallel=True, **{**TDMPC2_SMOKE, "seed_steps": 25})
             model.learn(27)
+        elif scenario == "dreamerv3_data_parallel":
+            settings = {**DREAMER_SMOKE, "batch_size": 4}  # 4 rows: one on each of 4 devices
+            model = DreamerV3("CartPole-v1", n_envs=1, seed=0, data_parallel=True, **settings)
+            model.learn(40)
+            # The replay too: its rows hold the latents each update wrote back (sharded outputs).
+            rows = np.arange(int(model.replay_buffer.rows_added_per_env[0]))
+            extra = {f"replay_{name}": v for name, v in model.replay_buffer.read_rows(0, rows).items()}
         else:
             raise SystemExit(f"unknown scenario {scenario!r}")
     leaves = jax.tree_util.tree_leaves(model.policy.state)
     facts["warnings"] = [str(w.message) for w in caught if "devices" in str(w.message)]
     facts["n_updates"] = int(model._n_updates)
     facts["shardings"] = sorted({_describe(leaf.sharding) for leaf in leaves})
-    np.savez(out, **{f"leaf_{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)})
+    np.savez(out, **{f"leaf_{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)}, **extra)
     print(json.dumps(facts))
 
 

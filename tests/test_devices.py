@@ -98,6 +98,19 @@ def test_data_parallel_updates_equal_the_one_device_updates(tmp_path):
     assert_leaves_close(sharded_leaves, single_leaves)
 
 
+def test_dreamerv3_data_parallel_updates_equal_the_one_device_updates(tmp_path):
+    """One DreamerV3 model, its batch of 4 windows split over 4 devices (one each): its losses are means
+    over the whole batch, as the reference's over its devices; the state and the latents the updates
+    wrote back into the replay end as on one device."""
+    runs = run_on_4_and_1_devices("dreamerv3_data_parallel", tmp_path)
+    sharded, sharded_leaves, single, single_leaves = runs
+    assert "P() over 4" in sharded["shardings"]
+    assert single["shardings"] == ["single over 1"]
+    assert sharded["n_updates"] == single["n_updates"] > 0
+    assert any(key.startswith("replay_") for key in single_leaves)
+    assert_leaves_close(sharded_leaves, single_leaves)
+
+
 PLACEMENT_CHECK = """
 import jax, numpy as np
 from sb3_worldmodels.blocks.devices import seed_placement
