@@ -46,6 +46,7 @@ def test_the_default_folder_is_in_the_users_cache_directory_with_a_size_limit_an
     }
     assert list(choice.settings)[-1] == "jax_compilation_cache_dir"  # set last: the cache starts complete
     assert folder.is_dir() and not list(folder.iterdir())  # created; the write check leaves nothing
+    assert folder.stat().st_mode & 0o077 == 0  # its owner's only: the entries are programs it runs
     assert choice.warning is None
 
 

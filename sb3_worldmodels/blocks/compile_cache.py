@@ -11,7 +11,9 @@ same configuration loads its compiled programs from disk instead of compiling th
   JAX's settings are left as they are;
 - the folder cannot be written: one warning, and the process runs without the cache.
 
-``SB3WM_COMPILATION_CACHE=/some/dir`` chooses the folder. JAX keys each entry by the program, the
+``SB3WM_COMPILATION_CACHE=/some/dir`` chooses the folder. Its entries are compiled programs that the
+process runs: a folder it creates is its owner's only, and one that others can write must not be
+given. JAX keys each entry by the program, the
 compiler options, the jax/jaxlib version, the backend and its version and ``XLA_FLAGS``, so an entry
 is only loaded by a process that would have compiled the same program.
 """
@@ -147,7 +149,7 @@ def compilation_cache_dir() -> str | None:
 def _unwritable(folder: Path) -> str | None:
     """Why ``folder`` (created if missing) cannot hold the cache's files, or None when it can."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)  # new: its owner's only (entries are code)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
             pass
     except OSError as error:
