@@ -1,4 +1,4 @@
-.PHONY: install test lint format bench quickstart docs
+.PHONY: install test lint format bench quickstart docs postgres
 
 install:
 	pip install "torch==2.13.0" -e ".[test,zoo]"
@@ -23,3 +23,6 @@ docs:  # the documentation site, into site/ (warnings are errors)
 
 bench:
 	python benchmarks/dreamerv3_speed.py
+
+postgres:  # a local PostgreSQL server for Optuna studies in a new /tmp folder; prints its --storage URL
+	scripts/postgres.sh start "$$(mktemp -d /tmp/sb3wm-pg-XXXXXX)"

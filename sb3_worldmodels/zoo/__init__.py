@@ -11,7 +11,8 @@ Two ways in (docs/zoo.md):
 Registration adds keys (``ALGOS``, ``HYPERPARAMS_SAMPLER``, ``HYPERPARAMS_CONVERTER``), makes
 ``ExperimentManager`` read ``hyperparams/<algo>.yml`` from this package when no ``--conf-file`` is
 given for one of our algorithms, and teaches the zoo seed groups (:mod:`sb3_worldmodels.zoo.seeds`:
-``n_seeds`` in train and ``-optimize``, ``enjoy`` of one seed of a group). It is idempotent and
+``n_seeds`` in train and ``-optimize``, ``enjoy`` of one seed of a group) and shared studies
+(:mod:`sb3_worldmodels.zoo.sweeps`: a dead worker's trial failed by its heartbeat). It is idempotent and
 refuses (with a warning) an rl_zoo3 outside the tested range or one whose patched names are missing.
 """
 
@@ -93,6 +94,7 @@ def _patch_experiment_manager(exp_manager: ModuleType) -> None:
     setattr(__init__, _PATCHED_MARK, True)
     manager.__init__ = __init__
     _patch_seed_groups(exp_manager)
+    _patch_sweeps(exp_manager)
 
 
 def _patch_seed_groups(exp_manager: ModuleType) -> None:
@@ -112,6 +114,23 @@ def _patch_seed_groups(exp_manager: ModuleType) -> None:
         )
         return
     seeds.patch_experiment_manager(exp_manager, importlib.import_module("rl_zoo3.utils"), algorithms())
+
+
+def _patch_sweeps(exp_manager: ModuleType) -> None:
+    """Shared studies (:mod:`sb3_worldmodels.zoo.sweeps`: the heartbeat of ``SB3WM_OPTUNA_HEARTBEAT``,
+    the ``worker`` attribute), where this rl_zoo3 has every name they patch."""
+    from sb3_worldmodels.zoo import sweeps
+
+    missing = sweeps.missing_names(exp_manager)
+    if missing:
+        warnings.warn(
+            f"sb3_worldmodels: trial heartbeats ({sweeps.HEARTBEAT_VARIABLE}) are not available with this "
+            f"rl_zoo3: rl_zoo3.exp_manager lacks {', '.join(missing)}.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    sweeps.patch_experiment_manager(exp_manager)
 
 
 def _patch_enjoy(enjoy: ModuleType) -> None:
