@@ -117,6 +117,9 @@ two cores; CI (``.ci/run``) runs them right after it with ``python -m pytest -q 
 everything is still tested on every change."""
 
 EXTENDED_TESTS = {
+    "test_sweeps.py::test_zoo_workers_share_a_study_and_a_killed_workers_trial_fails": (
+        "three rl_zoo3 workers on one Optuna study, one killed mid-trial"
+    ),
     "test_docs.py::test_page_code_runs": "every documentation page's code, run",
     "test_dreamerv3_sb3.py::test_callbacks_eval_checkpoint_progress_tensorboard": "SB3 callbacks in a run",
     "test_dreamerv3_sb3.py::test_subproc_and_dict_observations": "subprocess envs",

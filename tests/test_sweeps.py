@@ -10,17 +10,21 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
+from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMERV3_SMOKE
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 from sb3_worldmodels.zoo import register, samplers, sweeps
 from sb3_worldmodels.zoo.sweeps import (
@@ -31,6 +35,7 @@ from sb3_worldmodels.zoo.sweeps import (
     build_storage,
     heartbeat_settings,
 )
+from tests.test_zoo import SHORT_PENDULUM, as_params
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "postgres.sh"
 # The heartbeat is written by hand here, outside Study.optimize (Optuna warns).
@@ -273,3 +278,121 @@ def test_the_postgres_script_serves_optuna_on_a_unix_socket_only(postgres_url):
     again = script("start", folder)
     assert again.returncode == 0 and again.stdout.strip() == postgres_url  # already running: the same URL
     assert (Path(folder).stat().st_mode & 0o777) == 0o700
+
+
+# ---------------------------------------------------------------------- workers in subprocesses
+WORKER_SETTINGS = {
+    # The trials act and are evaluated without an update (seed_steps / learning_starts past
+    # --n-timesteps): each builds its model, acts through its episodes and is scored in seconds.
+    "tdmpc2": [*as_params({**TDMPC2_SMOKE, "seed_steps": 1000}), "n_seeds:2"],
+    "dreamerv3": as_params({**DREAMERV3_SMOKE, "learning_starts": 1000}),
+}
+
+
+def start_worker(algo: str, storage: str, study_name: str, trials: int, folder: Path, env: dict):
+    """One ``rl_zoo3 train -optimize`` worker on the shared study, its output in ``folder``."""
+    command = ["rl_zoo3", "train", "--algo", algo, "--env", "Pendulum-v1", *SHORT_PENDULUM, "-optimize"]
+    command += ["--storage", storage, "--study-name", study_name, "--max-total-trials", str(trials)]
+    command += ["--n-timesteps", "80", "--n-evaluations", "2", "--eval-episodes", "1", "--seed", "0"]
+    command += ["--optimization-log-path", str(folder / "trials"), "-f", str(folder / "logs")]
+    command += ["--no-optim-plots", "-params", *WORKER_SETTINGS[algo]]
+    output = open(folder / f"worker_{time.time_ns()}.txt", "w")  # closed by output_of
+    process = subprocess.Popen(command, env=env, cwd=folder, stdout=output, stderr=subprocess.STDOUT)
+    process.output = output  # type: ignore[attr-defined]
+    return process
+
+
+def output_of(process) -> str:
+    process.output.close()
+    return Path(process.output.name).read_text()
+
+
+def worker_of(process) -> str:
+    return f"{socket.gethostname()}:{process.pid}"
+
+
+def running_trial_of(process, others, storage: str, study_name: str, timeout: float = 240) -> FrozenTrial:
+    """The worker's RUNNING trial, once it has sampled its hyperparameters and every one of the
+    ``others`` has started a trial (polled)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the worker ended early:\n{output_of(process)[-3000:]}"
+        try:
+            trials = load_study(storage, study_name).get_trials()
+        except KeyError:  # the study does not exist yet
+            trials = []
+        started = {trial.user_attrs.get("worker") for trial in trials}
+        for trial in trials:
+            if (
+                trial.state == TrialState.RUNNING
+                and trial.user_attrs.get("worker") == worker_of(process)
+                and len(trial.params) >= 4
+                and started >= {worker_of(other) for other in others}
+            ):
+                return trial
+        time.sleep(0.2)
+    raise AssertionError(f"no running trial of {worker_of(process)} within {timeout} s")
+
+
+@pytest.mark.skipif(shutil.which("rl_zoo3") is None, reason="rl_zoo3 is not installed")
+@pytest.mark.parametrize(
+    "kind, algo, trials",
+    [("postgresql", "tdmpc2", 6), ("journal", "dreamerv3", 4)],
+    ids=["postgresql-tdmpc2", "journal-dreamerv3"],
+)
+def test_zoo_workers_share_a_study_and_a_killed_workers_trial_fails(kind, algo, trials, tmp_path, request):
+    """Three ``rl_zoo3`` workers on one study of ``trials``; one is killed (SIGKILL) mid-trial. Its trial
+    ends FAIL through the heartbeat and is retried with its hyperparameters; every other trial is
+    COMPLETE or PRUNED, ``trials`` of them, their numbers unique; a seed group's trial (TD-MPC2) scores
+    the mean over its seeds."""
+    storage = request.getfixturevalue("postgres_url") if kind == "postgresql" else str(tmp_path / "study.log")
+    study_name = f"workers_{algo}_{time.time_ns()}"
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(tmp_path / "jax_cache")
+    env = {
+        **os.environ,
+        "JAX_COMPILATION_CACHE_DIR": cache,
+        "PYTHONWARNINGS": "ignore",
+        HEARTBEAT_VARIABLE: "1",
+        GRACE_VARIABLE: "3",
+    }
+    env.pop("SB3_WORLDMODELS_ZOO_HOOK", None)
+    workers = []
+    try:
+        for _ in range(3):  # started a little apart, as machines are
+            workers.append(start_worker(algo, storage, study_name, trials, tmp_path, env))
+            time.sleep(2.0)
+        # Mid-trial, while the other two run trials of their own.
+        killed = running_trial_of(workers[0], workers[1:], storage, study_name)
+        time.sleep(1.0)
+        workers[0].send_signal(signal.SIGKILL)
+        assert workers[0].wait(timeout=60) == -signal.SIGKILL
+        for worker in workers[1:]:
+            worker.wait(timeout=300)
+            out = output_of(worker)
+            assert worker.returncode == 0, out[-4000:]
+            assert "Number of finished trials" in out
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+
+    study = load_study(storage, study_name)
+    by_number = {trial.number: trial for trial in study.trials}
+    assert sorted(by_number) == list(range(trials + 1))  # unique, no gap: the budget and the dead trial
+    assert by_number[killed.number].state == TrialState.FAIL
+    finished = [t for t in study.trials if t.number != killed.number]
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in finished), [
+        t.state for t in finished
+    ]
+    (retry,) = [t for t in finished if t.system_attrs.get("failed_trial") == killed.number]
+    assert retry.params == killed.params
+    survivors = {worker_of(worker) for worker in workers[1:]}
+    assert {t.user_attrs["worker"] for t in finished} <= survivors
+    assert len({tuple(sorted(t.params.items())) for t in finished}) == trials  # no worker repeated another
+    if algo == "tdmpc2":  # a group of seeds 0 and 1 in every trial: the mean over them is the score
+        for trial in finished:
+            evaluations = np.load(tmp_path / "trials" / f"trial_{trial.number}" / "evaluations.npz")
+            assert list(evaluations["seeds"]) == [0, 1]
+            if trial.state == TrialState.COMPLETE:
+                np.testing.assert_allclose(trial.value, evaluations["results"][-1].mean(), rtol=1e-9)
