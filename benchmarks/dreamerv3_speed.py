@@ -8,6 +8,9 @@
     python benchmarks/dreamerv3_speed.py --config update-1m  # one "1m" update at 16x64
     python benchmarks/dreamerv3_speed.py --config update-1m-pixels  # the same from 64x64x3 images
                                                              # (also update-12m, update-12m-pixels)
+    python benchmarks/dreamerv3_speed.py --config update-1m --compute-dtype bfloat16
+                                                             # any of them in bfloat16 (default "auto":
+                                                             # float32 on a CPU, bfloat16 elsewhere)
 
 The learning runs also report where the timed (post-compilation) seconds went: the env steps, the
 policy step with its transfers, the replay writes, the replay sampling, the updates (the jitted
@@ -30,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels import DreamerV3
+from sb3_worldmodels.blocks.precision import COMPUTE_DTYPES
 from sb3_worldmodels.dreamerv3 import agent as core
 from sb3_worldmodels.dreamerv3.config import preset
 
@@ -92,10 +96,12 @@ def time_breakdown(model: DreamerV3) -> Stopwatch:
     return watch
 
 
-def run_learning(name: str, seed: int, rows: int | None = None) -> dict:
+def run_learning(name: str, seed: int, rows: int | None = None, compute_dtype: str = "auto") -> dict:
     spec = CONFIGS[name]
     rows = rows or spec["rows"]
-    model = DreamerV3(spec["env"], n_envs=spec["n_envs"], seed=seed, **spec["kwargs"])
+    model = DreamerV3(
+        spec["env"], n_envs=spec["n_envs"], seed=seed, compute_dtype=compute_dtype, **spec["kwargs"]
+    )
     t0 = time.perf_counter()
     model.learn(model.n_envs)  # compiles the acting step
     while model._n_updates == 0:  # up to and including the first update (compiles it)
@@ -116,6 +122,7 @@ def run_learning(name: str, seed: int, rows: int | None = None) -> dict:
         "env": spec["env"],
         "n_envs": spec["n_envs"],
         **spec["kwargs"],
+        "compute_dtype": model._config.compute_dtype,
         "rows": rows,
         "updates": model._n_updates,
         "seconds_total": round(t2 - t0, 2),
@@ -133,13 +140,24 @@ def run_learning(name: str, seed: int, rows: int | None = None) -> dict:
 
 
 def run_update(
-    model_size: str, batch_size: int, batch_length: int, repeats: int, pixels: bool = False
+    model_size: str,
+    batch_size: int,
+    batch_length: int,
+    repeats: int,
+    pixels: bool = False,
+    compute_dtype: str = "auto",
 ) -> dict:
     """One update (and, from pixels, one acting step for 16 envs) on a synthetic batch: CartPole's
     spaces, or 64 x 64 x 3 images and the same actions with ``pixels``."""
     image = dict(obs_dim=0, image_shape=(64, 64, 3)) if pixels else dict(obs_dim=4)
     cfg = preset(
-        model_size, **image, action_dim=2, discrete=True, batch_size=batch_size, batch_length=batch_length
+        model_size,
+        **image,
+        action_dim=2,
+        discrete=True,
+        batch_size=batch_size,
+        batch_length=batch_length,
+        compute_dtype=compute_dtype,
     )
     state = core.init_state(cfg, jax.random.PRNGKey(0))
     rng = np.random.default_rng(0)
@@ -175,6 +193,7 @@ def run_update(
     return {
         "config": f"update-{model_size}" + ("-pixels" if pixels else ""),
         "batch": f"{batch_size}x{batch_length}",
+        "compute_dtype": cfg.compute_dtype,
         "compile_seconds": round(compile_s, 1),
         "ms_per_update_median": round(1000 * float(np.median(times)), 1),
         "ms_per_update_min": round(1000 * float(np.min(times)), 1),
@@ -228,12 +247,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--rows", type=int, default=None, help="total rows (default: the config's)")
+    parser.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES)
     args = parser.parse_args()
     if args.config.startswith("update-"):
         size = args.config.split("-")[1]
-        result = run_update(size, 16, 64, args.repeats, pixels=args.config.endswith("-pixels"))
+        pixels = args.config.endswith("-pixels")
+        result = run_update(size, 16, 64, args.repeats, pixels=pixels, compute_dtype=args.compute_dtype)
     else:
-        result = run_learning(args.config, args.seed, args.rows)
+        result = run_learning(args.config, args.seed, args.rows, args.compute_dtype)
     result.update(
         machine=f"{platform.machine()} {jax.devices()[0].platform} x{jax.local_device_count()}",
         jax=jax.__version__,

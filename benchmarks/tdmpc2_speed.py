@@ -4,11 +4,13 @@ seconds and agent steps per second (one plan and one update per agent step, as a
     python benchmarks/tdmpc2_speed.py --size 1 --size 5 --repeats 20
     python benchmarks/tdmpc2_speed.py --size 1 --size 5 --observation vector --observation pixels
     PYTHONPATH=/tmp/base python benchmarks/tdmpc2_speed.py --size 1 --impl sb3wm_base --impl sb3_worldmodels
+    python benchmarks/tdmpc2_speed.py --size 1 --compute-dtype float32 --compute-dtype bfloat16
 
 Each timing is a median over ``--repeats`` calls after compilation; plans and updates of every
-(size, implementation) pair are timed round-robin in one process, so a busy neighbour on the CPU
-affects every row alike. ``--impl`` names a package with the layout of ``sb3_worldmodels`` (e.g. an
-older commit's copy, renamed, on PYTHONPATH) to compare side by side. Prints one JSON line per row.
+(size, implementation, compute dtype) row are timed round-robin in one process, so a busy neighbour on
+the CPU affects every row alike. ``--impl`` names a package with the layout of ``sb3_worldmodels``
+(e.g. an older commit's copy, renamed, on PYTHONPATH) to compare side by side. Prints one JSON line
+per row.
 
 ``--reference-src`` (the reference's ``tdmpc2/`` folder, nicklashansen/tdmpc2 @ b67b21c) and
 ``--reference-python`` (a Python with its dependencies) add the reference PyTorch code to the same
@@ -42,18 +44,25 @@ PIXEL_SHAPE = (64, 64, 9)
 
 
 def build(
-    size: int, obs_dim: int, action_dim: int, impl: str = "sb3_worldmodels", pixels: bool = False
+    size: int,
+    obs_dim: int,
+    action_dim: int,
+    impl: str = "sb3_worldmodels",
+    pixels: bool = False,
+    compute_dtype: str | None = None,
 ) -> dict:
     """Compiled plan and update of one model size on random inputs; ``pixels``: 64 x 64 images of
     three stacked RGB frames (uint8, 9 channels) instead of the vector, the encoder's ``num_channels``
-    = latent_dim / 16 (size 1: 8; size 5: 32, the reference's default)."""
+    = latent_dim / 16 (size 1: 8; size 5: 32, the reference's default); ``compute_dtype``: the
+    config's (None: its default, the only choice of packages without the setting)."""
     core = importlib.import_module(f"{impl}.tdmpc2.agent")
     preset = importlib.import_module(f"{impl}.tdmpc2.config").preset
     options = importlib.import_module(f"{impl}.blocks.jit").COMPILER_OPTIONS
     flag = "deterministic" if "deterministic" in inspect.signature(core.act).parameters else "eval_mode"
     act_jit = jax.jit(core.act, static_argnames=("config", flag), compiler_options=options)
     train_many_jit = jax.jit(core.train_many, static_argnames=("config",), compiler_options=options)
-    config = preset(size, obs_dim=obs_dim, action_dim=action_dim, discount=0.975)
+    dtype = {} if compute_dtype is None else {"compute_dtype": compute_dtype}
+    config = preset(size, obs_dim=obs_dim, action_dim=action_dim, discount=0.975, **dtype)
     if pixels:
         config = config.replace(obs_dim=0, image_shape=PIXEL_SHAPE, num_channels=config.latent_dim // 16)
     state = core.init_state(config, jax.random.PRNGKey(0))
@@ -87,6 +96,7 @@ def build(
         "impl": impl,
         "size": size,
         "observation": "pixels 64x64x9" if pixels else f"vector {obs_dim}",
+        "compute_dtype": getattr(config, "compute_dtype", "float32"),
         # the replay's fields (TDMPC2._replay_fields): obs, float32 action, reward and terminated
         "replay_bytes_per_row": int(obs[0].nbytes + 4 * (action_dim + 2)),
         "plan_compile_s": round(plan_compile, 2),
@@ -171,14 +181,21 @@ def main() -> None:
         action="append",
         help="vector (--obs-dim values, the default) and/or pixels (64x64x9 uint8); both: side by side",
     )
+    parser.add_argument(
+        "--compute-dtype",
+        choices=["auto", "float32", "bfloat16"],
+        action="append",
+        help="the configs' compute_dtype (default: the config's, float32); both: side by side",
+    )
     parser.add_argument("--reference-src", help="the reference's tdmpc2/ source folder (b67b21c)")
     parser.add_argument("--reference-python", default=sys.executable, help="Python for the reference")
     args = parser.parse_args()
     builds = [
-        build(size, args.obs_dim, args.action_dim, impl, pixels=observation == "pixels")
+        build(size, args.obs_dim, args.action_dim, impl, observation == "pixels", dtype)
         for size in args.size or [1, 5]
         for observation in args.observation or ["vector"]
         for impl in args.impl or ["sb3_worldmodels"]
+        for dtype in args.compute_dtype or [None]
     ]
     if args.reference_src:
         builds += [
@@ -198,6 +215,7 @@ def main() -> None:
                     "impl": b["impl"],
                     "size": b["size"],
                     "observation": b.get("observation", f"vector {args.obs_dim}"),
+                    "compute_dtype": b.get("compute_dtype", "float32"),
                     "replay_bytes_per_row": b.get("replay_bytes_per_row"),
                     "params": b["params"](),
                     "plan_ms": round(plan_ms, 1),

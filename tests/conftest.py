@@ -229,6 +229,12 @@ EXTENDED_TESTS = {
     "test_benchmarks_learning.py::test_a_seed_group_check_stopped_by_its_budget_resumes_exactly": (
         "a learning check's smoke run of a seed group, three times through learn"
     ),
+    "test_compute_dtype.py::test_dreamerv3_bfloat16_update_on_the_reference_batch": (
+        "the reference's 1m update compiled in bfloat16 (about 50 s per agent)"
+    ),
+    "test_compute_dtype.py::test_bfloat16_learns_with_finite_losses_and_saves_its_setting": (
+        "a bfloat16 learn, save and load of each agent (the bfloat16 and float32 programs compiled)"
+    ),
 }
 """Single tests of the second tier: ``file::function`` (every parametrisation) or ``file::function[id]``."""
 

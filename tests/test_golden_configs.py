@@ -194,6 +194,7 @@ TDMPC2_OURS_ONLY = {
         "b67b21c's clipping behaviour (tdmpc2.py:180,232,267@b67b21c), not a config key there"
     ),
     "matmul_precision": "numerics switch; 'float32' is how the reference ran (float32 GEMMs)",
+    "compute_dtype": "numerics switch; 'auto' is float32 on every backend, as the reference ran (T21)",
     **dict.fromkeys(
         ("beta1", "beta2", "eps", "pi_eps"),
         "Adam's constants, not config keys there (torch.optim.Adam's defaults and eps=1e-5, tdmpc2.py:20-27)",
@@ -523,7 +524,8 @@ DV3_OURS_ONLY = {
     "image_shape": "from the env: the image keys stacked along the channels (none in these settings)",
     "image_keys": "from the env: the decoder's per-key image outputs (none in these settings)",
     "learning_rate": "left at its default on purpose; the SB3 learning_rate is compared with opt.lr",
-    "matmul_precision": "float32 compute here; the reference's jax.compute_dtype is bfloat16 (D1)",
+    "matmul_precision": "the precision of float32 matmuls (the reference's float32 GEMMs)",
+    "compute_dtype": "the reference's jax.compute_dtype, compared below as a documented difference (D1)",
 }
 
 # Known differences: reference key -> (our expected value in the reference's unit, deviations.md id).
@@ -575,7 +577,7 @@ def _check_dv3(model, rec, *, env_map, env_fixed, documented, extra_ref_only) ->
     assert not wrong, f"DreamerV3 config differs from the reference: {wrong}"
     # documented differences: our side has the documented value
     ours_documented = {
-        "jax.compute_dtype": model._config.matmul_precision,
+        "jax.compute_dtype": model._config.compute_dtype,  # "auto" on a CPU (D1)
         "run.train_ratio": model._config.train_ratio,
         "dyn.rssm.deter": model._config.deter,
         "dyn.rssm.hidden": model._config.hidden,

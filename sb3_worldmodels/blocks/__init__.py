@@ -14,6 +14,8 @@
   model's batch split over them).
 - :mod:`~sb3_worldmodels.blocks.backend`: the forms chosen per backend (gather-free lookups, searches
   and percentiles on accelerators).
+- :mod:`~sb3_worldmodels.blocks.precision`: the compute dtypes (float32 or bfloat16 networks over
+  float32 parameters).
 """
 
 from sb3_worldmodels.blocks.distributions import (

@@ -48,14 +48,19 @@ SYMLOG_MSE_TOL = 1e-8
 def unimix_logits(logits: ArrayLike, mix: float) -> Array:
     """log((1 − mix)·softmax(logits) + mix/C): mix a uniform distribution into the probabilities.
 
+    Computed in the dtype of ``logits`` when it is a float type (DreamerV3's RSSM runs it in its
+    compute dtype, nets.py:207-220@2411f7d), else in float32.
+
     Args:
-        logits: (..., C) float32.
+        logits: (..., C).
         mix: uniform fraction (0.01 in DreamerV3); 0 returns the normalised log-probabilities.
 
     Returns:
-        (..., C) float32 normalised log-probabilities.
+        (..., C) normalised log-probabilities.
     """
-    logits = jnp.asarray(logits, jnp.float32)
+    logits = jnp.asarray(logits)
+    if not jnp.issubdtype(logits.dtype, jnp.floating):
+        logits = logits.astype(jnp.float32)
     if not isinstance(mix, jax.core.Tracer) and mix == 0.0:  # a traced mix: one per seed, any value
         return jax.nn.log_softmax(logits, axis=-1)
     probs = jax.nn.softmax(logits, axis=-1)

@@ -5,8 +5,10 @@ A layer takes its kernel's initialiser (``kernel_init``; DreamerV3's fan-in trun
 default) and its norm (``norm``: "rms", "layer" or "none") as arguments. Parameter names are
 ``<layer>/kernel``, ``<layer>/bias`` and ``<layer>/norm/scale`` (and ``norm/bias`` for a LayerNorm),
 which map onto the references' state names one to one. Parameters are float32; ``dtype`` is the
-compute dtype (float32 by default). References: DreamerV3 nets.py:594-758,816-884@2411f7d and
-TD-MPC2 layers.py:7-97@b67b21c, init.py:4-22@b67b21c.
+compute dtype (float32 by default; :mod:`~sb3_worldmodels.blocks.precision`): a layer casts its input
+and its parameters to it at use, so its output is in that dtype (a :class:`Dense` may return another,
+``output_dtype``) and its parameters' gradients are float32. References: DreamerV3
+nets.py:594-758,816-884@2411f7d and TD-MPC2 layers.py:7-97@b67b21c, init.py:4-22@b67b21c.
 """
 
 from __future__ import annotations
@@ -371,7 +373,8 @@ class LayerNorm(nn.Module):
     """PyTorch's LayerNorm over the last axis (eps :data:`LN_EPS`): ``scale`` (F,) ones and ``bias``
     (F,) zeros; ``mish``: followed by Mish, with :func:`layer_norm_mish`'s backward pass.
 
-    Input (..., F) → output (..., F).
+    Input (..., F) → output (..., F) in the input dtype, computed in float32 (a bfloat16 input is
+    cast up and the output back, as DreamerV3's layer norm, nets.py:742-752@2411f7d).
     """
 
     mish: bool = False
@@ -380,9 +383,9 @@ class LayerNorm(nn.Module):
     def __call__(self, x: Array) -> Array:
         scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
         bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],), jnp.float32)
-        if self.mish:
-            return layer_norm_mish(x, scale, bias)
-        return layer_norm(x, scale, bias)
+        y = jnp.asarray(x, jnp.float32)
+        y = layer_norm_mish(y, scale, bias) if self.mish else layer_norm(y, scale, bias)
+        return y.astype(x.dtype)
 
 
 NORMS = ("rms", "layer", "none")
@@ -413,20 +416,24 @@ class Dense(nn.Module):
     """Plain output layer x @ kernel + bias, without norm or activation.
 
     ``kernel`` (I, units) from ``kernel_init`` (default :func:`trunc_normal_fan_in` with
-    ``outscale``); ``bias`` (units,) zeros. Input (..., I) → output (..., units).
+    ``outscale``); ``bias`` (units,) zeros. Input (..., I) → output (..., units) in ``output_dtype``
+    (None: the compute dtype ``dtype``); an output layer whose values parameterise a distribution
+    returns float32 (DreamerV3 nets.py:437,443@2411f7d).
     """
 
     units: int
     outscale: float = 1.0
     kernel_init: Initializer | None = None
     dtype: Any = jnp.float32
+    output_dtype: Any = None
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         kernel = self.param("kernel", _kernel_init(self), (x.shape[-1], self.units), jnp.float32)
         bias = self.param("bias", nn.initializers.zeros, (self.units,), jnp.float32)
         x = jnp.asarray(x, self.dtype)
-        return _matmul(self, x, kernel.astype(self.dtype)) + bias.astype(self.dtype)
+        y = _matmul(self, x, kernel.astype(self.dtype)) + bias.astype(self.dtype)
+        return y if self.output_dtype is None else y.astype(self.output_dtype)
 
 
 class NormedDense(nn.Module):
@@ -477,15 +484,19 @@ def hidden_layers(
     norm: str = "rms",
     kernel_init: Initializer | None = None,
     drop: tuple[Array, float, str] | None = None,
+    dtype: Any = jnp.float32,
 ) -> Array:
     """``layers`` × :class:`NormedDense` of width ``units``, named ``f"{prefix}{i}"``, in the calling
     module's scope (call it inside a compact method); ``first``: the first layer's preactivation when
-    the caller computed it, ``drop``: the first layer's dropout (see :class:`NormedDense`).
+    the caller computed it, ``drop``: the first layer's dropout (see :class:`NormedDense`); ``dtype``:
+    the compute dtype.
 
-    Input (..., I) → output (..., units); zero layers return the input unchanged.
+    Input (..., I) → output (..., units) in ``dtype``; zero layers return the input unchanged.
     """
     for i in range(layers):
-        layer = NormedDense(units, act=act, norm=norm, kernel_init=kernel_init, name=f"{prefix}{i}")
+        layer = NormedDense(
+            units, act=act, norm=norm, kernel_init=kernel_init, dtype=dtype, name=f"{prefix}{i}"
+        )
         x = layer(x, first if i == 0 else None, drop if i == 0 else None)
     return x
 

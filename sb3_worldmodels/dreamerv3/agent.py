@@ -49,7 +49,7 @@ from sb3_worldmodels.dreamerv3.losses import (
     replay_value_loss,
     world_model_loss,
 )
-from sb3_worldmodels.dreamerv3.networks import MODULES, actor_mode, features, init_params
+from sb3_worldmodels.dreamerv3.networks import MODULES, features, init_params
 from sb3_worldmodels.dreamerv3.rollouts import (
     Carry,
     UpdateNoise,
@@ -57,9 +57,11 @@ from sb3_worldmodels.dreamerv3.rollouts import (
     _sample_no_grad,
     actor_distribution,
     actor_entropy,
+    actor_mode,
     head_bins,
     imagine,
     observe,
+    sample_latent,
     sample_update_noise,
     state_heads,
 )
@@ -208,7 +210,9 @@ def policy_step(
 
     Returns:
         action (n, A) float32 (one-hot, or the unclipped Normal sample), the new carry,
-        the posterior deter (n, D) float32 and stoch indices (n, S) int32 for the replay.
+        the posterior deter (n, D) float32 and stoch indices (n, S) int32 for the replay. The carry
+        and the replay's deter hold the compute dtype's values as float32 (agent.py:119-131@2411f7d);
+        the action is the float32 sample, as the reference's env action.
     """
     keep = 1.0 - jnp.asarray(is_first, jnp.float32)
     deter = carry.deter * keep[:, None]
@@ -220,19 +224,19 @@ def policy_step(
     deter, _ = N.rssm_step(config, dyn, prep, deter, N.to_blocks(config, deter), stoch, prev_action)
     logits = N.rssm_posterior(config, dyn, deter, embed, prep)
     if deterministic:
-        stoch = onehot_mode(logits)
+        stoch = onehot_mode(logits).astype(config.dtype)
     else:
         noise = _draw_noise(
             config, key, {"stoch": logits.shape, "action": (logits.shape[0], config.action_dim)}
         )
-        stoch = onehot_mode(logits + noise["stoch"])
+        stoch = sample_latent(config, logits, noise["stoch"])
     dist = actor_distribution(config, params["actor"], features(deter, stoch))
     if deterministic:
         action = actor_mode(config, dist)
     else:
         action = _sample_no_grad(config, dist, noise["action"])
     action = sg(action)
-    stoch = sg(stoch)
+    deter, stoch = sg(deter).astype(jnp.float32), sg(stoch).astype(jnp.float32)
     return action, Carry(deter, stoch, action), deter, jnp.argmax(stoch, -1).astype(jnp.int32)
 
 
@@ -264,7 +268,7 @@ def predict_rollout(
     def step(carry: tuple[Array, Array, Array], action: Array) -> tuple[tuple, tuple]:
         deter, blocks, stoch = carry
         deter, blocks = N.rssm_step(config, dyn, prep, deter, blocks, stoch, action)
-        stoch = onehot_mode(N.rssm_prior(config, dyn, deter))
+        stoch = onehot_mode(N.rssm_prior(config, dyn, deter)).astype(config.dtype)
         heads = N.heads(config, nets, features(deter, stoch))
         out = (
             {k: symexp(v) if k == "vector" else v for k, v in heads["dec"].items()},
@@ -275,6 +279,7 @@ def predict_rollout(
         )
         return (deter, blocks, stoch), out
 
+    deter, stoch = deter.astype(config.dtype), stoch.astype(config.dtype)
     carry = (deter, N.to_blocks(config, deter), stoch)
     _, (obs, reward, cont, value, deters) = jax.lax.scan(step, carry, jnp.swapaxes(actions, 0, 1))
     major = functools.partial(jnp.swapaxes, axis1=0, axis2=1)
@@ -286,7 +291,7 @@ def predict_rollout(
         "reward": major(reward),
         "continue": major(cont),
         "value": value[-1],
-        "deter": major(deters),
+        "deter": major(deters).astype(jnp.float32),
     }
 
 

@@ -166,6 +166,7 @@ class DreamerV3(WorldModelAlgorithm):
         warmup: int = _D.warmup,
         weight_decay: float = _D.weight_decay,
         matmul_precision: str = _D.matmul_precision,
+        compute_dtype: str = _D.compute_dtype,
         buffer_size: int = 5_000_000,
         action_repeat: int = 1,
         learning_starts: int = 0,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from sb3_worldmodels.blocks.checks import (
     INT_AT_LEAST_1,
@@ -22,6 +23,7 @@ from sb3_worldmodels.blocks.checks import (
     check_fields,
 )
 from sb3_worldmodels.blocks.jit import check_matmul_precision
+from sb3_worldmodels.blocks.precision import compute_dtype, resolve_compute_dtype
 from sb3_worldmodels.blocks.seeds import SeedSettings, with_settings
 
 # preset -> (units U, deter D, hidden H, classes C); configs.yaml:149-177. The rules D = 8U, H = U,
@@ -35,6 +37,10 @@ MODEL_SIZES: dict[str, tuple[int, int, int, int]] = {
     "200m": (1024, 8192, 1024, 64),
     "400m": (1536, 12288, 1536, 96),
 }
+
+ACCELERATOR_DTYPE = "bfloat16"
+"""What ``compute_dtype="auto"`` resolves to on a GPU or TPU: the reference's compute dtype
+(configs.yaml:24@2411f7d)."""
 
 CNN_DEPTHS: dict[str, int] = {"1m": 4, "12m": 16, "25m": 24, "50m": 32, "100m": 48, "200m": 64, "400m": 96}
 """Base depth of the image encoder and decoder per preset (``.*\\.depth``, configs.yaml:149-177@2411f7d;
@@ -221,6 +227,21 @@ class DreamerV3Config:
     "default" is JAX's default (TF32 on recent NVIDIA GPUs). Our own setting: the reference computes
     in bfloat16 with float32 parameters (configs.yaml:24-25@2411f7d; docs/deviations.md D1)."""
 
+    compute_dtype: str = "auto"
+    """The dtype the networks compute in (:data:`~sb3_worldmodels.blocks.precision.COMPUTE_DTYPES`):
+    "bfloat16" as the reference (``jax.compute_dtype: bfloat16``, configs.yaml:24@2411f7d): every
+    matmul, convolution, norm and activation, the GRU's gates, the deter state, the stoch samples and
+    the RSSM's unimix in bfloat16; parameters, optimiser state, gradients, the heads' distribution
+    parameters, losses, returns and normalisers in float32. "float32": float32 everywhere (the
+    reference with ``jax.compute_dtype: float32``, as its fixtures were recorded). "auto" (the default)
+    is bfloat16 on a GPU or TPU and float32 on the CPU, which has no fast bfloat16 path
+    (docs/deviations.md D1); :func:`preset` resolves it for the backend it runs on."""
+
+    @property
+    def dtype(self) -> Any:
+        """The jnp dtype of :attr:`compute_dtype` ("auto" resolved for the backend)."""
+        return compute_dtype(self.compute_dtype, ACCELERATOR_DTYPE)
+
     @property
     def decoder_outputs(self) -> tuple[tuple[str, int], ...]:
         """(key, width) of each decoder output layer ``out_<key>``."""
@@ -340,8 +361,8 @@ def preset(model_size: str, **overrides) -> DreamerV3Config:
 
 
 def check_config(cfg: DreamerV3Config) -> DreamerV3Config:
-    """``cfg`` if every field is valid (:data:`_RULES` and the rules between fields), else a ValueError
-    naming the field."""
+    """``cfg`` with its ``compute_dtype`` resolved for the backend if every field is valid
+    (:data:`_RULES` and the rules between fields), else a ValueError naming the field."""
     check_fields(cfg, _RULES, "DreamerV3")
     if cfg.bins < 2 or cfg.return_horizon <= 1 or cfg.maxstd < cfg.minstd:
         raise ValueError(
@@ -354,7 +375,7 @@ def check_config(cfg: DreamerV3Config) -> DreamerV3Config:
     _check_observation_fields(cfg)
     if cfg.obs_keys and sum(w for _, w in cfg.obs_keys) != cfg.obs_dim:
         raise ValueError(f"obs_keys {cfg.obs_keys} do not add up to obs_dim={cfg.obs_dim}.")
-    return cfg
+    return cfg.replace(compute_dtype=resolve_compute_dtype(cfg.compute_dtype, ACCELERATOR_DTYPE))
 
 
 def _check_observation_fields(cfg: DreamerV3Config) -> None:

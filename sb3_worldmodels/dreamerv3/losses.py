@@ -38,13 +38,14 @@ from sb3_worldmodels.blocks.normalizers import (
 )
 from sb3_worldmodels.dreamerv3 import networks as N
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config
-from sb3_worldmodels.dreamerv3.networks import actor_dist, features
+from sb3_worldmodels.dreamerv3.networks import features
 from sb3_worldmodels.dreamerv3.rollouts import (
     Carry,
     UpdateNoise,
     _actor_log_prob,
     _critic_logits,
     _sample_no_grad,
+    actor_dist,
     actor_distribution,
     actor_entropy,
     head_bins,
@@ -127,7 +128,10 @@ def loss_fn(
         "replay_ret": replay_ret,
         "losses": losses,
     }
-    latents = {"deter": sg(wm["post_deter"]), "stoch": jnp.argmax(wm["post_stoch"], -1).astype(jnp.int32)}
+    latents = {  # the replay's latents: deter as float32 (its compute-dtype values), agent.py:119-131@2411f7d
+        "deter": sg(wm["post_deter"]).astype(jnp.float32),
+        "stoch": jnp.argmax(wm["post_stoch"], -1).astype(jnp.int32),
+    }
     aux = {"metrics": metrics, "retnorm": retnorm, "latents": latents, "internals": internals}
     return total, aux
 
@@ -170,14 +174,14 @@ def reconstruction_losses(
 ) -> dict[str, Array]:
     """The decoder's negative log-likelihoods (B, T): "rec", summed over the vector's keys (symlog MSE,
     jaxutils.py:179-207@2411f7d), and "rec_image", summed over every image key's pixels and channels
-    (the squared error against the image / 255, ``MSEDist(..., 3, 'sum')``, nets.py:362@2411f7d,
-    agent.py:469-470@2411f7d); each only when the observation has it."""
+    (the squared error against the image / 255 in the compute dtype, ``MSEDist(..., 3, 'sum')``,
+    nets.py:362@2411f7d, agent.py:257,469-470@2411f7d); each only when the observation has it."""
     vector, image = N.split_observation(obs)
     losses = {}
     if vector is not None:
         losses["rec"] = -symlog_mse_log_prob(dec["vector"], vector)
     if image is not None:
-        target = jnp.asarray(image, jnp.float32) * N.PIXEL_SCALE
+        target = N.pixels(image, config.dtype).astype(jnp.float32)
         losses["rec_image"] = jnp.square(dec["image"] - target).sum((-3, -2, -1))
     return losses
 
@@ -390,7 +394,7 @@ def _imagination_internals(
     last_feat = sg(img.last)
     n = last_feat.shape[0]
     last_dist = actor_distribution(config, sg(params["actor"]), last_feat)
-    last_action = _sample_no_grad(config, last_dist, noise.imag_action[-1])
+    last_action = _sample_no_grad(config, last_dist, noise.imag_action[-1]).astype(config.dtype)
     last_slow_logits = _critic_logits(config, frozen["slow"], last_feat)
     img_all_feat = jnp.concatenate([sg(img.feat), last_feat[None]], 0)
     return {

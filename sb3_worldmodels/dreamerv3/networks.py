@@ -17,8 +17,15 @@ The functions after the modules apply them to one agent's parameter trees (:func
 and :class:`RSSM` runs its block GRU block-first on arrays rearranged once per call
 (:meth:`RSSM.prepare`, the ``"prepared"`` collection), outside the scans that step it.
 
+Every module computes in the config's compute dtype (``dtype``, :attr:`DreamerV3Config.dtype`): the
+layers cast their float32 parameters at use (:mod:`~sb3_worldmodels.blocks.layers`); the encoder's
+symlog runs in float32 before the first layer's cast, and the outputs that parameterise a
+distribution (decoder, reward, continue, critic, actor) are float32, as the reference's
+(nets.py:249-256,362,437,443@2411f7d). The RSSM's states, samples and unimixed log-probabilities are in
+the compute dtype (nets.py:58-95,207-220@2411f7d).
+
 Shape symbols: D deter, H hidden, S stoch latents, C classes, G blocks, U units, O observation width,
-A action width, F = D + S·C feature width, n bins, M rows. Everything is float32.
+A action width, F = D + S·C feature width, n bins, M rows.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels.blocks.breaks import broken
-from sb3_worldmodels.blocks.distributions import normal_head, onehot_mode, unimix_logits
+from sb3_worldmodels.blocks.distributions import unimix_logits
 from sb3_worldmodels.blocks.layers import (
     PREPARED,
     BlockLinear,
@@ -64,21 +71,18 @@ __all__ = [
     "Heads",
     "Networks",
     "Observation",
-    "actor_dist",
-    "actor_mode",
-    "actor_sample",
     "encode",
     "example_observation",
     "features",
     "heads",
     "init_params",
     "make_networks",
+    "pixels",
     "rssm_action_input",
     "rssm_posterior",
     "rssm_prepare",
     "rssm_prior",
     "rssm_step",
-    "sample_onehot",
     "split_observation",
     "to_blocks",
 ]
@@ -119,6 +123,12 @@ Observation = Array | dict[str, Array]
 "image" (..., H, W, C) uint8 and, when the observation also has vector keys, "vector" (..., O)."""
 
 
+def pixels(image: Array | None, dtype: Any) -> Array:
+    """uint8 pixels (...) as values in [0, 1] of the compute ``dtype``: the reference casts the image to
+    the compute dtype and divides by 255 there (agent.py:469-470@2411f7d)."""
+    return jnp.asarray(image, dtype) * PIXEL_SCALE.astype(dtype)
+
+
 def split_observation(obs: Observation) -> tuple[Array | None, Array | None]:
     """(vector or None, image or None) of an :data:`Observation`."""
     if isinstance(obs, dict):
@@ -146,22 +156,22 @@ class Encoder(nn.Module):
     kernel: int = 5
     padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
     """Zero rows and columns around the scaled image (sides not multiples of 16; ``image_padding``)."""
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, obs: Observation) -> Array:
         vector, image = split_observation(obs)
         outs = []
         if self.vector:
-            outs.append(
-                hidden_layers(symlog(jnp.asarray(vector, jnp.float32)), self.units, self.layers, "mlp")
-            )
+            x = symlog(jnp.asarray(vector, jnp.float32))  # in float32, before the layers' cast
+            outs.append(hidden_layers(x, self.units, self.layers, "mlp", dtype=self.dtype))
         if self.depths:
-            x = jnp.asarray(image, jnp.float32) * PIXEL_SCALE
+            x = pixels(image, self.dtype)
             x = x if broken("pixel_offset") else x - 0.5
             if any(self.padding[0] + self.padding[1]):
                 x = jnp.pad(x, [(0, 0)] * (x.ndim - 3) + [*self.padding, (0, 0)])
             for i, depth in enumerate(self.depths):
-                x = Conv(depth, self.kernel, 1 if i == 0 else 2, name=f"conv{i}")(x)
+                x = Conv(depth, self.kernel, 1 if i == 0 else 2, dtype=self.dtype, name=f"conv{i}")(x)
             outs.append(x.reshape(*x.shape[:-3], -1))
         return outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
 
@@ -181,7 +191,7 @@ class Decoder(nn.Module):
 
     (..., F) → {"vector": (..., O) the keys' predictions in symlog space concatenated in ``outputs``
     order, "image": (..., H, W, C) the predicted image in [0, 1]}, each only when the observation
-    has it.
+    has it, float32.
     """
 
     units: int
@@ -197,39 +207,50 @@ class Decoder(nn.Module):
     """Rows and columns cropped from the output (the encoder's padding)."""
     deter: int = 0
     blocks: int = 1
+    dtype: Any = jnp.float32
     prefix: ClassVar[str] = "mlp"
 
     @nn.compact
     def __call__(self, feat: Array, first: Array | None = None) -> dict[str, Array]:
         out = {}
         if self.outputs:
-            x = hidden_layers(feat, self.units, self.layers, self.prefix, first)
-            outs = [Dense(w, outscale=DECODER_OUTSCALE, name=f"out_{k}")(x) for k, w in self.outputs]
+            x = hidden_layers(feat, self.units, self.layers, self.prefix, first, dtype=self.dtype)
+            outs = [
+                Dense(w, DECODER_OUTSCALE, dtype=self.dtype, output_dtype=jnp.float32, name=f"out_{k}")(x)
+                for k, w in self.outputs
+            ]
             out["vector"] = outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
         if self.image_channels:
             out["image"] = self._image(feat)
         return out
 
     def _image(self, feat: Array) -> Array:
-        g, (h, w), depth = self.blocks, self.grid, self.depths[-1]
+        g, (h, w), depth, dtype = self.blocks, self.grid, self.depths[-1], self.dtype
         deter, stoch = feat[..., : self.deter], feat[..., self.deter :]
-        x0 = BlockLinear(h * w * depth, g, name="space0")(deter)
+        x0 = BlockLinear(h * w * depth, g, dtype=dtype, name="space0")(deter)
         x0 = x0.reshape(*x0.shape[:-1], g, h, w, depth // g)
         x0 = x0 if broken("decoder_space_layout") else jnp.moveaxis(x0, -4, -2)
         x0 = x0.reshape(*x0.shape[:-4], h, w, depth)
-        x1 = NormedDense(2 * self.units, name="space1hid")(stoch)
-        x1 = Dense(h * w * depth, name="space1")(x1).reshape(*x1.shape[:-1], h, w, depth)
+        x1 = NormedDense(2 * self.units, dtype=dtype, name="space1hid")(stoch)
+        x1 = Dense(h * w * depth, dtype=dtype, name="space1")(x1).reshape(*x1.shape[:-1], h, w, depth)
         x = jax.nn.silu(RMSNorm(name="spacenorm")(x0 + x1))
         for i in reversed(range(len(self.depths) - 1)):
-            x = Conv(self.depths[i], self.kernel, 2, transpose=True, name=f"conv{i}")(x)
+            x = Conv(self.depths[i], self.kernel, 2, transpose=True, dtype=dtype, name=f"conv{i}")(x)
         out = Conv(
-            self.image_channels, self.kernel, 1, transpose=True, norm="none", act="none", name="imgout"
+            self.image_channels,
+            self.kernel,
+            1,
+            transpose=True,
+            norm="none",
+            act="none",
+            dtype=dtype,
+            name="imgout",
         )
         x = out(x)
         (top, bottom), (left, right) = self.padding
         if top + bottom + left + right:
             x = x[..., top : x.shape[-3] - bottom, left : x.shape[-2] - right, :]
-        return jax.nn.sigmoid(x)
+        return jax.nn.sigmoid(x).astype(jnp.float32)  # the image distribution's mean (nets.py:362)
 
 
 class Head(nn.Module):
@@ -237,26 +258,28 @@ class Head(nn.Module):
     configs.yaml:122-123,129@2411f7d).
 
     Reward and critic: outputs = n bins, outscale 0; continue: outputs = 1, outscale 1.
-    (..., F) → (..., outputs).
+    (..., F) → (..., outputs) float32.
     """
 
     units: int
     layers: int
     outputs: int
     outscale: float
+    dtype: Any = jnp.float32
     prefix: ClassVar[str] = "h"
 
     @nn.compact
     def __call__(self, feat: Array, first: Array | None = None) -> Array:
-        x = hidden_layers(feat, self.units, self.layers, self.prefix, first)
-        return Dense(self.outputs, outscale=self.outscale, name="out")(x)
+        x = hidden_layers(feat, self.units, self.layers, self.prefix, first, dtype=self.dtype)
+        out = Dense(self.outputs, self.outscale, dtype=self.dtype, output_dtype=jnp.float32, name="out")
+        return out(x)
 
 
 class Actor(nn.Module):
     """``layers`` hidden layers ``h{i}`` → ``out`` Linear(A) [+ ``std`` Linear(A)], outscale 0.01
     (agent.py:63-70@2411f7d).
 
-    Returns ``(out, std_pre)``, each (..., A); ``std_pre`` is None for discrete actions (see
+    Returns ``(out, std_pre)``, each (..., A) float32; ``std_pre`` is None for discrete actions (see
     :func:`actor_dist`).
     """
 
@@ -264,16 +287,16 @@ class Actor(nn.Module):
     layers: int
     action_dim: int
     discrete: bool
+    dtype: Any = jnp.float32
     prefix: ClassVar[str] = "h"
 
     @nn.compact
     def __call__(self, feat: Array, first: Array | None = None) -> tuple[Array, Array | None]:
-        x = hidden_layers(feat, self.units, self.layers, self.prefix, first)
-        out = Dense(self.action_dim, outscale=OUTSCALES["actor", "out"], name="out")(x)
-        std = None
-        if not self.discrete:
-            std = Dense(self.action_dim, outscale=OUTSCALES["actor", "std"], name="std")(x)
-        return out, std
+        x = hidden_layers(feat, self.units, self.layers, self.prefix, first, dtype=self.dtype)
+        kinds = ("out",) if self.discrete else ("out", "std")
+        dtypes = {"dtype": self.dtype, "output_dtype": jnp.float32}
+        outs = [Dense(self.action_dim, OUTSCALES["actor", k], **dtypes, name=k)(x) for k in kinds]
+        return outs[0], outs[1] if len(outs) > 1 else None
 
 
 HEAD_KINDS = {"slow": "critic"}
@@ -282,13 +305,13 @@ HEAD_KINDS = {"slow": "critic"}
 
 def _network(config: DreamerV3Config, kind: str, name: str | None = None) -> nn.Module:
     """The module of one network kind (enc, dec, rew, con, critic, actor) of ``config``."""
-    u = config.units
+    u, dtype = config.units, config.dtype
     image = bool(config.image_shape)
     depths = config.cnn_depths if image else ()
     if kind == "enc":
         padding = config.image_padding
         return Encoder(
-            u, config.enc_layers, bool(config.obs_dim), depths, config.cnn_kernel, padding, name=name
+            u, config.enc_layers, bool(config.obs_dim), depths, config.cnn_kernel, padding, dtype, name=name
         )
     if kind == "dec":
         return Decoder(
@@ -302,13 +325,14 @@ def _network(config: DreamerV3Config, kind: str, name: str | None = None) -> nn.
             config.image_padding,
             config.deter,
             DECODER_SPACE_BLOCKS,
+            dtype,
             name=name,
         )
     if kind == "actor":
-        return Actor(u, config.actor_layers, config.action_dim, config.discrete, name=name)
+        return Actor(u, config.actor_layers, config.action_dim, config.discrete, dtype, name=name)
     layers = {"rew": config.rew_layers, "con": config.con_layers, "critic": config.critic_layers}[kind]
     outputs = 1 if kind == "con" else config.bins
-    return Head(u, layers, outputs, outscale=OUTSCALES[kind, "out"], name=name)
+    return Head(u, layers, outputs, OUTSCALES[kind, "out"], dtype, name=name)
 
 
 class Heads(nn.Module):
@@ -333,12 +357,12 @@ class Heads(nn.Module):
         deep = [m for m in modules if m.layers > 0]
         if len(deep) < 2 or self.is_initializing():
             return [None] * len(modules)
-        params = self.variables["params"]
+        params, dtype = self.variables["params"], self.config.dtype
         first = [params[str(m.name)][f"{m.prefix}0"] for m in deep]
-        kernel = jnp.concatenate([q["kernel"] for q in first], -1)
-        bias = jnp.concatenate([q["bias"] for q in first], -1)
+        kernel = jnp.concatenate([q["kernel"] for q in first], -1).astype(dtype)
+        bias = jnp.concatenate([q["bias"] for q in first], -1).astype(dtype)
         split = np.cumsum([q["bias"].shape[-1] for q in first])[:-1]
-        outs = iter(jnp.split(x @ kernel + bias, split, axis=-1))
+        outs = iter(jnp.split(jnp.asarray(x, dtype) @ kernel + bias, split, axis=-1))
         return [next(outs) if m.layers > 0 else None for m in modules]
 
 
@@ -364,43 +388,52 @@ class RSSM(nn.Module):
     img_layers: int = 2
     obs_layers: int = 1
     unimix: float = 0.01
+    dtype: Any = jnp.float32
+    """The compute dtype: of every layer, the state (deter, blocks) and the log-probabilities."""
 
     def setup(self) -> None:
-        self.dynin0 = NormedDense(self.hidden)
-        self.dynin1 = NormedDense(self.hidden)
-        self.dynin2 = NormedDense(self.hidden)
-        self.dyn0 = BlockLinear(self.deter, self.blocks, norm=True, act="silu")
-        self.dyncore = BlockLinear(3 * self.deter, self.blocks)
-        self.img = [NormedDense(self.hidden, name=f"img{i}") for i in range(self.img_layers)]
-        self.imglogit = Dense(self.stoch * self.classes)
-        self.obs = [NormedDense(self.hidden, name=f"obs{i}") for i in range(self.obs_layers)]
-        self.obslogit = Dense(self.stoch * self.classes)
+        dtype = self.dtype
+        self.dynin0 = NormedDense(self.hidden, dtype=dtype)
+        self.dynin1 = NormedDense(self.hidden, dtype=dtype)
+        self.dynin2 = NormedDense(self.hidden, dtype=dtype)
+        self.dyn0 = BlockLinear(self.deter, self.blocks, norm=True, act="silu", dtype=dtype)
+        self.dyncore = BlockLinear(3 * self.deter, self.blocks, dtype=dtype)
+        self.img = [NormedDense(self.hidden, dtype=dtype, name=f"img{i}") for i in range(self.img_layers)]
+        self.imglogit = Dense(self.stoch * self.classes, dtype=dtype)
+        self.obs = [NormedDense(self.hidden, dtype=dtype, name=f"obs{i}") for i in range(self.obs_layers)]
+        self.obslogit = Dense(self.stoch * self.classes, dtype=dtype)
 
     def prepare(self, for_gradient: bool = False) -> dict:
         """The ``"prepared"`` collection: the block kernels rearranged for :meth:`core` and, when
         ``for_gradient``, transposed copies of the kernels used inside a differentiated recurrence
-        (see :func:`~sb3_worldmodels.blocks.layers.matmul_pretransposed`)."""
+        (see :func:`~sb3_worldmodels.blocks.layers.matmul_pretransposed`); all in the compute dtype,
+        cast once here rather than at every step."""
         p = self.variables["params"]
-        g, dg = self.blocks, self.deter // self.blocks
-        k0 = p["dyn0"]["kernel"]
+        g, dg, dtype = self.blocks, self.deter // self.blocks, self.dtype
+        k0 = p["dyn0"]["kernel"].astype(dtype)
         dyn0 = {
             "h": k0[:, :dg, :],
             "u": jnp.transpose(k0[:, dg:, :], (1, 0, 2)).reshape(-1, self.deter),
-            "bias": p["dyn0"]["bias"].reshape(g, 1, dg),
-            "scale": p["dyn0"]["norm"]["scale"].reshape(g, 1, dg),
+            "bias": p["dyn0"]["bias"].astype(dtype).reshape(g, 1, dg),
+            "scale": p["dyn0"]["norm"]["scale"].astype(dtype).reshape(g, 1, dg),
         }
-        out: dict[str, dict] = {"dyn0": dyn0, "dyncore": {"bias": p["dyncore"]["bias"].reshape(g, 1, 3 * dg)}}
+        out: dict[str, dict] = {
+            "dyn0": dyn0,
+            "dyncore": {"bias": p["dyncore"]["bias"].astype(dtype).reshape(g, 1, 3 * dg)},
+        }
         if for_gradient:
             recurrent = ("dynin0", "dynin1", *(f"obs{i}" for i in range(self.obs_layers)), "obslogit")
-            out.update({k: {"kernel_t": v["kernel"].T} for k, v in p.items() if k in recurrent})
+            out.update({k: {"kernel_t": v["kernel"].T.astype(dtype)} for k, v in p.items() if k in recurrent})
             dyn0["h_t"] = jnp.swapaxes(dyn0["h"], 1, 2)
             dyn0["u_t"] = dyn0["u"].T
-            out["dyncore"]["kernel_t"] = jnp.swapaxes(p["dyncore"]["kernel"], 1, 2)
+            out["dyncore"]["kernel_t"] = jnp.swapaxes(p["dyncore"]["kernel"], 1, 2).astype(dtype)
         return out
 
     def action_input(self, action: Array) -> Array:
-        """The GRU's action projection (..., A) → (..., H): the action scaled to at most 1 in absolute
-        value (nets.py:130-131@2411f7d), then ``dynin2``. It does not depend on the recurrent state."""
+        """The GRU's action projection (..., A) → (..., H): the action, in the compute dtype, scaled to
+        at most 1 in absolute value (nets.py:82,130-131@2411f7d), then ``dynin2``. It does not depend
+        on the recurrent state."""
+        action = jnp.asarray(action, self.dtype)
         action = action / jax.lax.stop_gradient(jnp.maximum(1.0, jnp.abs(action)))
         return self.dynin2(action)
 
@@ -418,12 +451,15 @@ class RSSM(nn.Module):
 
         Carrying both layouts through a scan saves one transpose per step and keeps XLA from fusing
         the gate math into the transpose back to (M, D) (a strided loop several times slower on CPU).
+        The state is computed and returned in the compute dtype (the inputs are cast to it,
+        nets.py:58,82@2411f7d).
         """
-        g, dg = self.blocks, self.deter // self.blocks
+        g, dg, dtype = self.blocks, self.deter // self.blocks, self.dtype
         prep = self.variables[PREPARED] if self.has_variable(PREPARED, "dyn0") else self.prepare()
         dyn0, dyncore = prep["dyn0"], prep["dyncore"]
         m = deter.shape[0]
-        stoch = stoch.reshape(m, -1)
+        deter, blocks = jnp.asarray(deter, dtype), jnp.asarray(blocks, dtype)
+        stoch = jnp.asarray(stoch, dtype).reshape(m, -1)
         if action_input is None:
             action_input = self.action_input(action)  # type: ignore[arg-type]
         u = jnp.concatenate([self.dynin0(deter), self.dynin1(stoch), action_input], -1)
@@ -433,7 +469,7 @@ class RSSM(nn.Module):
         else:
             x = block_matmul(blocks, dyn0["h"]) + _to_blocks(g, u @ dyn0["u"])
         x = jax.nn.silu(rms_norm(x + dyn0["bias"], dyn0["scale"], axis=(0, 2)))
-        kernel = self.variables["params"]["dyncore"]["kernel"]
+        kernel = self.variables["params"]["dyncore"]["kernel"].astype(dtype)
         if "kernel_t" in dyncore:
             x = block_matmul_pretransposed(x, kernel, dyncore["kernel_t"]) + dyncore["bias"]
         else:
@@ -446,23 +482,24 @@ class RSSM(nn.Module):
         return jnp.swapaxes(new, 0, 1).reshape(m, g * dg), new
 
     def prior(self, deter: Array) -> Array:
-        """(..., D) → unimixed prior log-probabilities (..., S, C) (nets.py:112-117@2411f7d)."""
+        """(..., D) → unimixed prior log-probabilities (..., S, C) in the compute dtype
+        (nets.py:112-117@2411f7d)."""
         x = deter
         for layer in self.img:
             x = layer(x)
         return self._logits(self.imglogit(x))
 
     def posterior(self, deter: Array, embed: Array) -> Array:
-        """h' (..., D), embed (..., U) → unimixed posterior log-probabilities (..., S, C)
-        (nets.py:66-69@2411f7d)."""
-        x = jnp.concatenate([deter, embed], -1)
+        """h' (..., D), embed (..., U) → unimixed posterior log-probabilities (..., S, C) in the compute
+        dtype (nets.py:66-69@2411f7d)."""
+        x = jnp.concatenate([jnp.asarray(deter, self.dtype), jnp.asarray(embed, self.dtype)], -1)
         for layer in self.obs:
             x = layer(x)
         return self._logits(self.obslogit(x))
 
     def _logits(self, x: Array) -> Array:
-        """Logit layer output (..., S·C) → unimixed log-probabilities (..., S, C)
-        (nets.py:207-220@2411f7d)."""
+        """Logit layer output (..., S·C) → unimixed log-probabilities (..., S, C), computed in the
+        layer's (compute) dtype as the reference's (nets.py:207-220@2411f7d)."""
         x = x.reshape(*x.shape[:-1], self.stoch, self.classes)
         return unimix_logits(x, self.unimix)
 
@@ -506,6 +543,7 @@ def make_networks(config: DreamerV3Config) -> Networks:
             img_layers=config.img_layers,
             obs_layers=config.obs_layers,
             unimix=config.unimix,
+            dtype=config.dtype,
         ),
         **{kind: _network(config, kind) for kind in ("enc", "dec", "rew", "con", "actor", "critic")},  # type: ignore[arg-type]
     )
@@ -520,56 +558,6 @@ def features(deter: Array, stoch: Array) -> Array:
     """Model features [deter, flat stoch] (nets.py:786-813@2411f7d):
     (..., D), (..., S, C) → (..., D + S·C)."""
     return jnp.concatenate([deter, stoch.reshape(*stoch.shape[:-2], -1)], -1)
-
-
-def sample_onehot(logits: Array, gumbel: Array) -> Array:
-    """Straight-through one-hot sample onehot + (p − sg(p)) (jaxutils.py:103-121@2411f7d), by Gumbel-max.
-
-    ``argmax(logits + gumbel)`` with i.i.d. standard Gumbel noise is an exact categorical sample.
-    Taking the noise as an input makes the sample source injectable: a recorded one-hot ``y`` is
-    reproduced with ``gumbel = 1e9 * y``. The forward value is exactly the one-hot; the gradient
-    flows to p = softmax(logits).
-
-    Args:
-        logits: (..., C) float32 log-probabilities.
-        gumbel: (..., C) float32 noise.
-
-    Returns:
-        (..., C) float32.
-    """
-    onehot = onehot_mode(logits + gumbel)
-    probs = jax.nn.softmax(logits, -1)
-    return onehot + (probs - jax.lax.stop_gradient(probs))
-
-
-def actor_dist(config: DreamerV3Config, out: Array, std_pre: Array | None) -> tuple[Array, Array | None]:
-    """Actor distribution parameters (nets.py:486-493,518-529@2411f7d).
-
-    Discrete: (unimixed log-probabilities (..., A), None). Continuous: (mean = tanh(out),
-    std in [minstd, maxstd]), each (..., A).
-    """
-    if config.discrete:
-        return unimix_logits(out, config.actor_unimix), None
-    return normal_head(out, std_pre, config.minstd, config.maxstd)  # type: ignore[arg-type]
-
-
-def actor_sample(config: DreamerV3Config, dist: tuple[Array, Array | None], noise: Array) -> Array:
-    """Sample an action from :func:`actor_dist` parameters with injected noise, (..., A) → (..., A).
-
-    Discrete: ``noise`` is Gumbel noise, the result a straight-through one-hot. Continuous: ``noise``
-    is ε ~ N(0, 1) and the action mean + std·ε, not squashed and not clipped.
-    """
-    if config.discrete:
-        return sample_onehot(dist[0], noise)
-    mean, std = dist
-    return mean + std * noise  # type: ignore[operator]
-
-
-def actor_mode(config: DreamerV3Config, dist: tuple[Array, Array | None]) -> Array:
-    """The deterministic action: argmax one-hot (discrete) or tanh mean (continuous)."""
-    if config.discrete:
-        return onehot_mode(dist[0])
-    return dist[0]
 
 
 # ------------------------------------------------------------------------------------------------

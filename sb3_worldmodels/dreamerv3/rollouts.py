@@ -1,6 +1,8 @@
 """The latent rollouts of the DreamerV3 core and the draws they use: the posterior along replay rows
-(:func:`observe`), imagination from posterior states (:func:`imagine`), the actor's distribution
-helpers, and all randomness of one update (:class:`UpdateNoise`, :func:`sample_update_noise`).
+(:func:`observe`), imagination from posterior states (:func:`imagine`), the latent samples
+(:func:`sample_onehot`, :func:`sample_latent`: float32 draws returned in the compute dtype), the
+actor's distribution helpers, and all randomness of one update (:class:`UpdateNoise`,
+:func:`sample_update_noise`).
 
 Pure functions of explicit arguments; ``config`` is a static (hashable) argument. Shape symbols as in
 :mod:`~sb3_worldmodels.dreamerv3.agent`: B batch rows, T trained steps, N = B·T imagination starts,
@@ -9,7 +11,7 @@ H imagination horizon, D deter, S stoch latents, C classes, A action width, F = 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,14 +20,16 @@ from sb3_worldmodels.blocks.distributions import (
     categorical_entropy,
     categorical_log_prob,
     normal_entropy,
+    normal_head,
     normal_log_prob,
     onehot_mode,
+    unimix_logits,
 )
 from sb3_worldmodels.blocks.math import symexp_bins, twohot_mean
 from sb3_worldmodels.blocks.random import gumbel_and_normal_noise
 from sb3_worldmodels.dreamerv3 import networks as N
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config
-from sb3_worldmodels.dreamerv3.networks import actor_dist, features, sample_onehot
+from sb3_worldmodels.dreamerv3.networks import features
 
 Array = jax.Array
 sg = jax.lax.stop_gradient
@@ -57,6 +61,65 @@ class UpdateNoise(NamedTuple):
 # ------------------------------------------------------------------------------------------------
 # Network helpers
 # ------------------------------------------------------------------------------------------------
+
+
+def sample_onehot(logits: Array, gumbel: Array, dtype: Any = jnp.float32) -> Array:
+    """Straight-through one-hot sample onehot + (p − sg(p)) (jaxutils.py:103-121@2411f7d), by Gumbel-max.
+
+    ``argmax(logits + gumbel)`` with i.i.d. standard Gumbel noise is an exact categorical sample.
+    Taking the noise as an input makes the sample source injectable: a recorded one-hot ``y`` is
+    reproduced with ``gumbel = 1e9 * y``. The forward value is exactly the one-hot; the gradient
+    flows to p = softmax(logits). Computed in float32 (the reference's distribution casts its
+    log-probabilities up, nets.py:220@2411f7d), returned in ``dtype`` (the compute dtype of the
+    latent, nets.py:70,89@2411f7d).
+
+    Args:
+        logits: (..., C) log-probabilities.
+        gumbel: (..., C) float32 noise.
+
+    Returns:
+        (..., C) in ``dtype``.
+    """
+    logits = jnp.asarray(logits, jnp.float32)
+    onehot = onehot_mode(logits + gumbel)
+    probs = jax.nn.softmax(logits, -1)
+    return (onehot + (probs - jax.lax.stop_gradient(probs))).astype(dtype)
+
+
+def actor_dist(config: DreamerV3Config, out: Array, std_pre: Array | None) -> tuple[Array, Array | None]:
+    """Actor distribution parameters (nets.py:486-493,518-529@2411f7d).
+
+    Discrete: (unimixed log-probabilities (..., A), None). Continuous: (mean = tanh(out),
+    std in [minstd, maxstd]), each (..., A).
+    """
+    if config.discrete:
+        return unimix_logits(out, config.actor_unimix), None
+    return normal_head(out, std_pre, config.minstd, config.maxstd)  # type: ignore[arg-type]
+
+
+def sample_latent(config: DreamerV3Config, logits: Array, gumbel: Array) -> Array:
+    """The forward value of :func:`sample_onehot` (no gradient path): argmax(logits + gumbel) as a
+    one-hot in the compute dtype (nets.py:89@2411f7d); logits (..., S, C) → (..., S, C)."""
+    return onehot_mode(jnp.asarray(logits, jnp.float32) + gumbel).astype(config.dtype)
+
+
+def actor_sample(config: DreamerV3Config, dist: tuple[Array, Array | None], noise: Array) -> Array:
+    """Sample an action from :func:`actor_dist` parameters with injected noise, (..., A) → (..., A).
+
+    Discrete: ``noise`` is Gumbel noise, the result a straight-through one-hot. Continuous: ``noise``
+    is ε ~ N(0, 1) and the action mean + std·ε, not squashed and not clipped.
+    """
+    if config.discrete:
+        return sample_onehot(dist[0], noise)
+    mean, std = dist
+    return mean + std * noise  # type: ignore[operator]
+
+
+def actor_mode(config: DreamerV3Config, dist: tuple[Array, Array | None]) -> Array:
+    """The deterministic action: argmax one-hot (discrete) or tanh mean (continuous)."""
+    if config.discrete:
+        return onehot_mode(dist[0])
+    return dist[0]
 
 
 def head_bins(config: DreamerV3Config) -> Array:
@@ -127,13 +190,15 @@ def observe(
     noise: Array,
 ) -> tuple[Array, Array, Array]:
     """Posterior rollout over T (nets.py:53-76@2411f7d, agent.py:246-251@2411f7d): returns deter (B, T, D),
-    stoch (B, T, S, C) (straight-through samples) and posterior log-probabilities (B, T, S, C).
+    stoch (B, T, S, C) (straight-through samples) and posterior log-probabilities (B, T, S, C), all
+    in the compute dtype (the start state is cast to it, nets.py:58@2411f7d).
 
     The action projection ``dynin2`` does not depend on the recurrent state, so it runs once for all
     (B, T) rows before the scan.
     """
     prep = N.rssm_prepare(config, dyn, for_gradient=True)
-    keep = 1.0 - is_first.astype(jnp.float32)
+    dtype = config.dtype
+    keep = 1.0 - is_first.astype(dtype)
     action_input = N.rssm_action_input(config, dyn, prev_action * keep[..., None])
 
     def step(carry: tuple[Array, ...], xs: tuple[Array, ...]) -> tuple[tuple[Array, ...], tuple]:
@@ -149,11 +214,12 @@ def observe(
             action_input=act,
         )
         logits = N.rssm_posterior(config, dyn, deter, emb, prep)
-        stoch = sample_onehot(logits, gumbel)
+        stoch = sample_onehot(logits, gumbel, dtype)
         return (deter, blocks, stoch), (deter, stoch, logits)
 
     xs = tuple(jnp.swapaxes(x, 0, 1) for x in (action_input, embed, keep, noise))
-    carry = (start.deter, N.to_blocks(config, start.deter), start.stoch)
+    deter = start.deter.astype(dtype)
+    carry = (deter, N.to_blocks(config, deter), start.stoch.astype(dtype))
     _, outs = jax.lax.scan(step, carry, xs)  # type: ignore[arg-type]
     return tuple(jnp.swapaxes(x, 0, 1) for x in outs)  # type: ignore[return-value]
 
@@ -193,9 +259,11 @@ def imagine(
 ) -> _Imagined:
     """Imagination from N start states over H steps (agent.py:267-298@2411f7d), entirely without gradient.
 
-    Step k takes state k, samples action k with ``noise.imag_action[k]``, and steps the prior with
-    ``noise.imag_stoch[k]`` to state k + 1. The last state's action (``imag_action[H]``) is not needed
-    by the loss; :func:`loss_fn` computes it for its diagnostics only.
+    Step k takes state k, samples action k with ``noise.imag_action[k]`` (cast to the compute dtype
+    right after sampling, agent.py:272,291@2411f7d, so the actor's log-probability is that of the
+    rounded action), and steps the prior with ``noise.imag_stoch[k]`` to state k + 1. The last state's
+    action (``imag_action[H]``) is not needed by the loss; :func:`loss_fn` computes it for its
+    diagnostics only.
 
     The heads that need no gradient (``heads``: {"slow", "rew", "con"}, the slow critic and the
     reward and continue heads, whose outputs are stop-gradiented) run on each state inside the
@@ -220,17 +288,17 @@ def imagine(
         feat = features(deter, stoch)
         out = N.heads(config, nets, feat)
         dist = actor_dist(config, *out["actor"])
-        action = _sample_no_grad(config, dist, action_noise)
+        action = _sample_no_grad(config, dist, action_noise).astype(config.dtype)
         outs = (None,) * 6
         if heads is not None:
             slow, rew, con = out["slow"], out["rew"], out["con"][..., 0]
             outs = (slow, rew, con, twohot_mean(slow, bins), twohot_mean(rew, bins), jax.nn.sigmoid(con))  # type: ignore[assignment]
         deter, blocks = N.rssm_step(config, dyn, prep, deter, blocks, stoch, action)
         logits = N.rssm_prior(config, dyn, deter)
-        stoch = onehot_mode(logits + latent_noise)
+        stoch = sample_latent(config, logits, latent_noise)
         return (deter, blocks, stoch), (feat, action, logits, *outs)
 
-    deter, stoch = sg(deter), sg(stoch)
+    deter, stoch = sg(deter).astype(config.dtype), sg(stoch).astype(config.dtype)
     carry = (deter, N.to_blocks(config, deter), stoch)
     (deter, _, stoch), outs = jax.lax.scan(step, carry, (noise.imag_stoch, noise.imag_action[:-1]))
     return _Imagined(*outs, last=features(deter, stoch))  # type: ignore[misc]

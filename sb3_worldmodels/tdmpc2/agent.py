@@ -514,7 +514,7 @@ def predict_rollout(config: TDMPC2Config, params: dict, obs: Array, actions: Arr
     value = jnp.mean(N.decode(config, N.q_logits(config, params["qs"], z_last, mean_action, None)), axis=0)
     out = {
         "reward": jnp.swapaxes(rewards, 0, 1),
-        "latent": jnp.concatenate([z[:, None], jnp.swapaxes(latents, 0, 1)], axis=1),
+        "latent": jnp.concatenate([z[:, None], jnp.swapaxes(latents, 0, 1)], axis=1).astype(jnp.float32),
         "value": value,
     }
     if config.episodic:

@@ -166,6 +166,7 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
         max_std: float = _D.max_std,
         temperature: float = _D.temperature,
         matmul_precision: str = _D.matmul_precision,
+        compute_dtype: str = _D.compute_dtype,
         buffer_size: int = 1_000_000,
         seed_steps: int | None = None,
         episode_length: int | None = None,

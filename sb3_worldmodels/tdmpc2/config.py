@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from sb3_worldmodels.blocks.checks import (
     INT_AT_LEAST_1,
@@ -21,6 +22,7 @@ from sb3_worldmodels.blocks.checks import (
 )
 from sb3_worldmodels.blocks.episodes import discount_from_episode_length
 from sb3_worldmodels.blocks.jit import check_matmul_precision
+from sb3_worldmodels.blocks.precision import compute_dtype, resolve_compute_dtype
 from sb3_worldmodels.blocks.seeds import SeedSettings, with_settings
 
 # size -> (enc_dim, mlp_dim, latent_dim, num_enc_layers, num_q); common/__init__.py:1-23.
@@ -31,6 +33,10 @@ MODEL_SIZES: dict[int, tuple[int, int, int, int, int]] = {
     48: (1792, 1792, 768, 4, 5),
     317: (4096, 4096, 1376, 5, 8),
 }
+
+ACCELERATOR_DTYPE = "float32"
+"""What ``compute_dtype="auto"`` resolves to on a GPU or TPU: float32, as the reference computes
+(no autocast at b67b21c); bfloat16 is an option (docs/deviations.md T21)."""
 
 Q_DROPOUT_MODES = ("always", "train", "off")
 DROPOUT_MASKS = ("hash", "threefry")
@@ -200,6 +206,19 @@ class TDMPC2Config:
     MATMUL_PRECISIONS`): float32 as the reference ran (float32 GEMMs); "tensorfloat32" or "bfloat16"
     are faster on recent GPUs, "default" is JAX's default (TF32 on recent NVIDIA GPUs). Our own setting:
     the reference has no such option (PyTorch keeps TF32 off for float32 matmuls)."""
+    compute_dtype: str = "auto"
+    """The dtype the networks compute in (:data:`~sb3_worldmodels.blocks.precision.COMPUTE_DTYPES`).
+    "float32": as the reference, which computes in float32 everywhere (no autocast at b67b21c).
+    "bfloat16", our option (docs/deviations.md T21): every matmul, convolution and activation and the
+    latents in bfloat16, the LayerNorm statistics in float32 (DreamerV3's layer norm,
+    nets.py:742-752@2411f7d); parameters, optimiser states, gradients, the reward, value, policy and
+    termination heads' outputs, the TD targets, losses, RunningScale and the planner's scores, elite
+    means and stds in float32. "auto" (the default) is float32 on every backend."""
+
+    @property
+    def dtype(self) -> Any:
+        """The jnp dtype of :attr:`compute_dtype` ("auto" resolved)."""
+        return compute_dtype(self.compute_dtype, ACCELERATOR_DTYPE)
 
     @property
     def gamma(self) -> float:
@@ -297,8 +316,8 @@ def preset(model_size: int, **overrides) -> TDMPC2Config:
 
 
 def check_config(cfg: TDMPC2Config) -> TDMPC2Config:
-    """``cfg`` if every field is valid (:data:`_RULES`, the rules between fields, the observation and
-    the tasks), else a ValueError naming the field."""
+    """``cfg`` with its ``compute_dtype`` resolved if every field is valid (:data:`_RULES`, the rules
+    between fields, the observation and the tasks), else a ValueError naming the field."""
     check_fields(cfg, _RULES, "TD-MPC2")
     if (
         cfg.num_bins < 2
@@ -324,7 +343,7 @@ def check_config(cfg: TDMPC2Config) -> TDMPC2Config:
         raise ValueError("num_pi_trajs must be below num_samples and num_elites at most num_samples.")
     _check_tasks(cfg)
     _check_observation(cfg)
-    return cfg
+    return cfg.replace(compute_dtype=resolve_compute_dtype(cfg.compute_dtype, ACCELERATOR_DTYPE))
 
 
 def _check_observation(cfg: TDMPC2Config) -> None:

@@ -193,10 +193,12 @@ def world_model_loss(
 
 def consistency_loss(config: TDMPC2Config, predicted: list[Array], next_z: Array) -> Array:
     """mean_t ρ^t·MSE of the predicted latents (H of (B, L)) against the next observations' encodings
-    next_z (H, B, L) (tdmpc2.py:236-241,248@b67b21c) → ()."""
+    next_z (H, B, L) (tdmpc2.py:236-241,248@b67b21c) → (), in float32 (the latents may be in the
+    compute dtype)."""
     loss = jnp.zeros((), jnp.float32)
     for t, z in enumerate(predicted):
-        loss += jnp.mean(jnp.square(z - next_z[t])) * config.rho**t
+        error = jnp.asarray(z, jnp.float32) - jnp.asarray(next_z[t], jnp.float32)
+        loss += jnp.mean(jnp.square(error)) * config.rho**t
     return loss * (1.0 / config.horizon)
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -82,7 +82,8 @@ class MLP(nn.Module):
     Every kernel N(0, 0.02²), biases 0, LayerNorm scale 1 and offset 0 (init.py:4-22@b67b21c). Layers
     are named "0", "1", ... as the reference's ``nn.Sequential``; a normed layer's parameters are
     ``{"kernel" (in, out), "bias", "norm": {"scale", "bias"}}``, a plain one's ``{"kernel", "bias"}``.
-    (..., in) → (..., out).
+    (..., in) → (..., out): a SimNorm output (a latent) in the compute dtype ``dtype``, a linear one
+    (the logits and parameters of the reward, value, policy and termination distributions) in float32.
     """
 
     units: int
@@ -90,21 +91,34 @@ class MLP(nn.Module):
     out: int
     output: str = "linear"
     simnorm_dim: int = 8
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: Array, drop: tuple[Array, float, str] | None = None) -> Array:
         init = nn.initializers.normal(INIT_STD)
-        x = hidden_layers(
-            x, self.units, self.layers, "", act="mish", norm="layer", kernel_init=init, drop=drop
-        )
+        layers = {"act": "mish", "norm": "layer", "kernel_init": init, "drop": drop, "dtype": self.dtype}
+        x = hidden_layers(x, self.units, self.layers, "", **layers)
         last = str(self.layers)
         if self.output == "simnorm":
             head = NormedDense(
-                self.out, "simnorm", "layer", kernel_init=init, simnorm_dim=self.simnorm_dim, name=last
+                self.out,
+                "simnorm",
+                "layer",
+                kernel_init=init,
+                simnorm_dim=self.simnorm_dim,
+                dtype=self.dtype,
+                name=last,
             )
             return head(x)
         zero = self.output == "zero"
-        return Dense(self.out, kernel_init=nn.initializers.zeros if zero else init, name=last)(x)
+        out = Dense(
+            self.out,
+            kernel_init=nn.initializers.zeros if zero else init,
+            dtype=self.dtype,
+            output_dtype=jnp.float32,
+            name=last,
+        )
+        return out(x)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -120,7 +134,7 @@ PIXEL_CONVS: tuple[tuple[str, int, int], ...] = (("2", 7, 2), ("4", 5, 2), ("6",
 reference's ``nn.Sequential`` (layers.py:142-147@eece801). Padding VALID (Conv2d's default 0)."""
 
 
-def _conv(features: int, kernel: int, stride: int, channels: int, name: str) -> Conv:
+def _conv(features: int, kernel: int, stride: int, channels: int, name: str, dtype: Any) -> Conv:
     """``nn.Conv2d(channels, features, kernel, stride)``: VALID padding, no norm or activation, kernel
     and bias U(±1/sqrt(k·k·channels)), PyTorch's default, which the reference keeps for its
     convolutions (``init.weight_init`` re-initialises Linear, Embedding and ParameterList only,
@@ -135,6 +149,7 @@ def _conv(features: int, kernel: int, stride: int, channels: int, name: str) -> 
         act="none",
         kernel_init=init,
         bias_init=init,
+        dtype=dtype,
         name=name,
     )
 
@@ -178,7 +193,8 @@ class PixelEncoder(nn.Module):
         shifts: (..., 2) integer offsets in [0, 2·pad] (x, y) per image, or None.
 
     Returns:
-        (..., L) float32 latents, L = :func:`pixel_latent_dim` (512 at 64×64 and 32 channels).
+        (..., L) latents in the compute dtype ``dtype``, L = :func:`pixel_latent_dim` (512 at 64×64
+        and 32 channels).
         Intermediates are sown under "intermediates" ("shifted", "preprocessed", "conv2", "relu3",
         "conv4", "relu5", "conv6", "relu7", "conv8", "flat"; Sequential indices of the reference).
     """
@@ -186,6 +202,7 @@ class PixelEncoder(nn.Module):
     num_channels: int = NUM_CHANNELS
     simnorm_dim: int = 8
     pad: int = SHIFT_PAD
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, obs: Array, shifts: Array | None = None) -> Array:
@@ -194,10 +211,10 @@ class PixelEncoder(nn.Module):
         if shifts is not None:
             x = shift_images(x, jnp.reshape(shifts, (-1, 2)), self.pad)
             self.sow("intermediates", "shifted", x)
-        x = x.astype(jnp.float32) / 255.0 - 0.5
+        x = x.astype(self.dtype) / 255.0 - 0.5
         self.sow("intermediates", "preprocessed", x)
         for i, (name, kernel, stride) in enumerate(PIXEL_CONVS):
-            x = _conv(self.num_channels, kernel, stride, x.shape[-1], name)(x)
+            x = _conv(self.num_channels, kernel, stride, x.shape[-1], name, self.dtype)(x)
             self.sow("intermediates", f"conv{name}", x)
             if i < len(PIXEL_CONVS) - 1:
                 x = jax.nn.relu(x)
@@ -247,19 +264,19 @@ class Networks:
 @functools.cache
 def make_networks(config: TDMPC2Config) -> Networks:
     """Build (and cache per config) the flax modules of an agent."""
-    lat, hid, norm = config.latent_dim, config.mlp_dim, config.simnorm_dim
+    lat, hid, norm, dtype = config.latent_dim, config.mlp_dim, config.simnorm_dim, config.dtype
     encoder: nn.Module
     if config.image_shape:
-        encoder = PixelEncoder(_num_channels(config), norm)
+        encoder = PixelEncoder(_num_channels(config), norm, dtype=dtype)
     else:
-        encoder = MLP(config.enc_dim, max(config.num_enc_layers - 1, 1), lat, "simnorm", norm)
+        encoder = MLP(config.enc_dim, max(config.num_enc_layers - 1, 1), lat, "simnorm", norm, dtype)
     return Networks(
         encoder=encoder,
-        dynamics=MLP(hid, 2, lat, "simnorm", norm),
-        reward=MLP(hid, 2, config.num_bins, "zero"),
-        pi=MLP(hid, 2, 2 * config.action_dim),
-        qs=MLP(hid, 2, config.num_bins, "zero"),
-        termination=MLP(hid, 2, 1) if config.episodic else None,
+        dynamics=MLP(hid, 2, lat, "simnorm", norm, dtype),
+        reward=MLP(hid, 2, config.num_bins, "zero", dtype=dtype),
+        pi=MLP(hid, 2, 2 * config.action_dim, dtype=dtype),
+        qs=MLP(hid, 2, config.num_bins, "zero", dtype=dtype),
+        termination=MLP(hid, 2, 1, dtype=dtype) if config.episodic else None,
     )
 
 
