@@ -50,7 +50,7 @@ from tests import parity_helpers  # noqa: E402
 from tests.parity_helpers import PACKED_FORMAT, ordered_bits, shuffle  # noqa: E402
 
 FIXTURES = "tests/fixtures"
-SOURCE_COMMITS = ["9dd38ab"]
+SOURCE_COMMITS = ["9dd38ab", "04940c6"]
 """Commits holding the recorded (plain) archives, tried in order."""
 
 BASES: dict[str, list[str]] = {
