@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -30,6 +31,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecMoni
 from stable_baselines3.her.her_replay_buffer import HerReplayBuffer
 
 from sb3_worldmodels import TDMPC2, ActionRepeat, DreamerV3, make_dmc_env
+from sb3_worldmodels.blocks.precision import resolve_compute_dtype
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMERV3_SMOKE
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 from tests.probe_envs import ChainEnv
@@ -156,9 +158,13 @@ def test_every_argument_is_kept_under_its_own_name(agent):
             continue
         assert getattr(model, name) == given, name
     config = model.config
+    accelerator_dtype = sys.modules[type(config).__module__].ACCELERATOR_DTYPE
     for field in dataclasses.fields(config):
-        if getattr(model, field.name, None) is not None:  # None: the preset's
-            assert getattr(config, field.name) == getattr(model, field.name), field.name
+        given = getattr(model, field.name, None)
+        if field.name == "compute_dtype":  # the attribute keeps the choice, the config what runs
+            given = resolve_compute_dtype(given, accelerator_dtype)
+        if given is not None:  # None: the preset's
+            assert getattr(config, field.name) == given, field.name
 
 
 def test_tdmpc2_target_rate_reaches_the_update():
