@@ -26,7 +26,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -43,9 +42,6 @@ CONFIGS = {
     "dreamerv3": "DreamerV3 on CartPole-v1, 4 envs, model_size '1m', batch 8 x 16, train_ratio 8",
     "tdmpc2": "TD-MPC2 size 1 on Pendulum-v1 (episodes of 20 steps), seed_steps 20: 20 updates in one call",
 }
-
-VECTOR_FLAGS = ("sse4_2", "avx", "fma", "amx", "asimd", "sve", "neon")
-"""Prefixes of the CPU flags that name vector extensions (x86 and Arm)."""
 
 
 def build(agent: str):  # noqa: ANN201 - the model, of either class
@@ -110,19 +106,6 @@ def child(agent: str) -> None:
     print(json.dumps(row), flush=True)
 
 
-def cpu() -> dict:
-    """The CPU's model name, its vector extensions and core count (``lscpu``, else /proc/cpuinfo)."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-        fields = {k.strip(): v.strip() for k, v in fields.items()}
-        name, flags = fields.get("Model name", ""), fields.get("Flags", "").split()
-    except (OSError, subprocess.CalledProcessError):
-        name, flags = platform.processor(), []
-    vector = sorted(f for f in flags if f.startswith(VECTOR_FLAGS))
-    return {"cpu": name, "cpu_vector_extensions": " ".join(vector), "cpu_cores": os.cpu_count()}
-
-
 def run_process(agent: str, cache_dir: Path) -> dict:
     env = {
         k: v
@@ -161,7 +144,9 @@ def main() -> None:
         child(args.child)
         return
     subprocess.run([sys.executable, "-c", "import sb3_worldmodels"], cwd=ROOT, check=True)  # page cache
-    machine = cpu()
+    from sb3_worldmodels.blocks.cpu import cpu_info
+
+    machine = cpu_info().as_dict()
     command = "python benchmarks/compile_cache.py " + " ".join(sys.argv[1:])
     for agent in args.agent or list(CONFIGS):
         folder = args.cache_dir / agent if args.cache_dir else Path(tempfile.mkdtemp(prefix="sb3wm-cache-"))

@@ -468,17 +468,6 @@ def brief(result: dict) -> dict:
     return shown
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def script_command(script: str, argv: Sequence[str] | None) -> list[str]:
     """The command line of a benchmark ``script`` (its ``__file__``) run with ``argv`` (default: this
     process's arguments), as run from the repository's root."""
@@ -493,6 +482,8 @@ def script_command(script: str, argv: Sequence[str] | None) -> list[str]:
 def run_record(command: Sequence[str] | None = None) -> dict:
     """Where, how and when a result was measured: the commit, the machine (CPU model and count, JAX's
     backend and device kind), the command (default: this process's) and the date."""
+    from sb3_worldmodels.blocks.cpu import cpu_info
+
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True
@@ -503,7 +494,7 @@ def run_record(command: Sequence[str] | None = None) -> dict:
     return {
         "commit": commit,
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
-        "cpu_model": cpu_model(),
+        "cpu_model": cpu_info().model,
         "backend": jax.default_backend(),
         "device_kind": devices[0].device_kind,
         "device_count": len(devices),

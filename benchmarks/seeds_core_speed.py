@@ -30,7 +30,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
 from sb3_worldmodels.blocks.backend import GATHER_FREE_MODES, gather_free, gather_free_forms  # noqa: E402
+from sb3_worldmodels.blocks.cpu import cpu_info  # noqa: E402
 from sb3_worldmodels.blocks.devices import seed_placement  # noqa: E402
 from sb3_worldmodels.blocks.seeds import counted_updates, stack_trees  # noqa: E402
 
@@ -51,17 +51,6 @@ def placed(tree: Any, seeds: int, sharded: bool) -> Any:
     """A pytree of leaves (seeds, ...) on the device, or sharded along the seeds over the devices."""
     placement = seed_placement(seeds) if sharded else None
     return jax.device_put(tree) if placement is None else placement.put(tree)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def timed_compile(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
@@ -176,7 +165,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     common = {
-        "cpu": cpu_model(),
+        "cpu": cpu_info().describe(),
         "cpu_cores": os.cpu_count(),
         "backend": jax.default_backend(),
         "devices": jax.local_device_count(),

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import resource
 import sys
 import time
@@ -30,23 +29,13 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
 from sb3_worldmodels import TDMPC2, DreamerV3  # noqa: E402
+from sb3_worldmodels.blocks.cpu import cpu_info  # noqa: E402
 from sb3_worldmodels.blocks.jit import compilations, timed_calls  # noqa: E402
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE  # noqa: E402
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE  # noqa: E402
 
 DREAMER = dict(model_size="1m", batch_size=16, batch_length=64, train_ratio=512)
 TDMPC2_SETTINGS = dict(model_size=1, seed_steps=250)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return platform.processor()
-    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-    return f"{name} ({'avx512f' if 'avx512f' in flags else 'no avx512f'})"
 
 
 def device_bytes() -> int | None:
@@ -161,7 +150,7 @@ def main() -> None:
             peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             backend=jax.default_backend(),
             device=str(jax.devices()[0].device_kind),
-            cpu=cpu_model(),
+            cpu=cpu_info().describe(),
             date=datetime.date.today().isoformat(),
         )
         print(json.dumps(row), flush=True)

@@ -50,14 +50,17 @@ def build(
     impl: str = "sb3_worldmodels",
     pixels: bool = False,
     compute_dtype: str | None = None,
+    options: dict | None = None,
 ) -> dict:
     """Compiled plan and update of one model size on random inputs; ``pixels``: 64 x 64 images of
     three stacked RGB frames (uint8, 9 channels) instead of the vector, the encoder's ``num_channels``
     = latent_dim / 16 (size 1: 8; size 5: 32, the reference's default); ``compute_dtype``: the
-    config's (None: its default, the only choice of packages without the setting)."""
+    config's (None: its default, the only choice of packages without the setting); ``options``: XLA
+    compiler options (default: the package's, ``blocks.jit.COMPILER_OPTIONS``)."""
     core = importlib.import_module(f"{impl}.tdmpc2.agent")
     preset = importlib.import_module(f"{impl}.tdmpc2.config").preset
-    options = importlib.import_module(f"{impl}.blocks.jit").COMPILER_OPTIONS
+    if options is None:
+        options = importlib.import_module(f"{impl}.blocks.jit").COMPILER_OPTIONS
     flag = "deterministic" if "deterministic" in inspect.signature(core.act).parameters else "eval_mode"
     act_jit = jax.jit(core.act, static_argnames=("config", flag), compiler_options=options)
     train_many_jit = jax.jit(core.train_many, static_argnames=("config",), compiler_options=options)

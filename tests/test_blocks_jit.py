@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 from sb3_worldmodels.blocks import jit as J
+from sb3_worldmodels.blocks.cpu import cpu_info
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,3 +86,48 @@ def test_timed_calls_count_the_agent_calls_inside_the_block_and_compilations_nam
         fn(Config(1.0), x)
     assert again == []
     assert not J._TIMERS
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: {vendor}
+model name\t: {model}
+flags\t\t: fpu sse4_2 avx avx2 fma {extra}
+
+processor\t: 1
+vendor_id\t: OtherVendor
+model name\t: another
+flags\t\t: fpu
+"""
+
+
+def read_cpu(tmp_path, vendor: str, model: str, extra: str):
+    path = tmp_path / f"cpuinfo_{vendor}_{extra.replace(' ', '_')}"
+    path.write_text(CPUINFO.format(vendor=vendor, model=model, extra=extra))
+    return cpu_info.__wrapped__(str(path))
+
+
+def test_the_cpu_is_read_from_its_first_processor_block(tmp_path):
+    cpu = read_cpu(tmp_path, "GenuineIntel", "Intel(R) Xeon(R) Processor", "avx512f avx512bw amx_tile")
+    assert (cpu.model, cpu.vendor, cpu.has_avx512) == ("Intel(R) Xeon(R) Processor", "GenuineIntel", True)
+    assert cpu.vector_extensions == ("amx_tile", "avx", "avx2", "avx512bw", "avx512f", "fma", "sse4_2")
+    assert cpu.describe() == "Intel(R) Xeon(R) Processor (avx512f)"
+    without = read_cpu(tmp_path, "AuthenticAMD", "AMD EPYC", "")
+    assert without.describe() == "AMD EPYC (no avx512f)" and not without.has_avx512
+    missing = cpu_info.__wrapped__(str(tmp_path / "no_such_file"))
+    assert missing.model and missing.flags == frozenset()
+
+
+def test_the_cpu_options_are_chosen_by_the_cpu_or_named(tmp_path, monkeypatch):
+    monkeypatch.delenv(J.CPU_OPTIONS_ENV, raising=False)
+    amd_avx512 = read_cpu(tmp_path, "AuthenticAMD", "AMD EPYC", "avx512f")
+    amd = read_cpu(tmp_path, "AuthenticAMD", "AMD EPYC", "")
+    intel = read_cpu(tmp_path, "GenuineIntel", "Intel Xeon", "avx512f amx_tile")
+    assert J.cpu_compiler_options(amd_avx512) == J.CPU_OPTION_SETS["llvm_level_1"]
+    assert J.cpu_compiler_options(intel) == J.CPU_OPTION_SETS["llvm_level_1"]
+    assert J.cpu_compiler_options(amd) == J.CPU_OPTION_SETS["ynn_fusions_off"]
+    monkeypatch.setenv(J.CPU_OPTIONS_ENV, "xla_defaults")
+    assert J.cpu_compiler_options(intel) == {}
+    assert J.cpu_compiler_options(amd, choice="auto") == J.CPU_OPTION_SETS["ynn_fusions_off"]
+    monkeypatch.setenv(J.CPU_OPTIONS_ENV, "fastest")
+    with pytest.raises(ValueError, match="SB3WM_CPU_OPTIONS='fastest': name one of"):
+        J.cpu_compiler_options(intel)

@@ -253,9 +253,10 @@ def test_deterministic_predict_depends_only_on_its_inputs(agent, tmp_path):
         model.predict(obs + 0.25, deterministic=False)
         model.predict(obs + 0.5, state=state, episode_start=np.ones(2, bool), deterministic=True)
     np.testing.assert_array_equal(_answers(model, obs, state), first)
-    # Each env's action depends on its own row only: the same row alone gives the same action.
+    # Each env's action depends on its own row only: the same row alone gives the same action, to the
+    # rounding of a program for another batch size (CPU kernels may block rows differently by count).
     single_state = tuple(np.asarray(s)[1:] for s in state)
-    np.testing.assert_array_equal(_answers(model, obs[1:], single_state), first[1:])
+    np.testing.assert_allclose(_answers(model, obs[1:], single_state), first[1:], rtol=1e-5, atol=1e-7)
     model.save(tmp_path / "model.zip")
     loaded = type(model).load(tmp_path / "model.zip")
     np.testing.assert_array_equal(_answers(loaded, obs, state), first)

@@ -16,14 +16,50 @@ import jax
 
 from sb3_worldmodels.blocks.backend import gather_free, gather_free_forms
 from sb3_worldmodels.blocks.compile_cache import use_compilation_cache
+from sb3_worldmodels.blocks.cpu import CpuInfo, cpu_info
 
-COMPILER_OPTIONS = {"xla_backend_optimization_level": 1, "xla_cpu_experimental_ynn_fusion_type": ""}
-"""XLA options of the agents' jitted functions (CPU options; other backends ignore them). LLVM's level
-1 instead of the default halves the compile time of the DreamerV3 update on CPU, which dominates a
+CPU_OPTION_SETS: dict[str, dict[str, Any]] = {
+    "ynn_fusions_off": {"xla_backend_optimization_level": 1, "xla_cpu_experimental_ynn_fusion_type": ""},
+    "llvm_level_1": {"xla_backend_optimization_level": 1},
+    "xla_defaults": {},
+}
+"""The named sets of XLA options for the agents' CPU programs (other backends ignore them). LLVM's
+level 1 instead of the default halves the compile time of the DreamerV3 update, which dominates a
 short run, at no measured cost in step time. Without YNNPACK fusions the dots run on XLA's own
-(multi-threaded) kernels: the "1m" DreamerV3 update is about 10% faster on a 2-core machine, and a
-dot with a transposed right operand at a few rows is not several times slower
-(tools/profile_update.py)."""
+(multi-threaded) kernels: faster on a CPU without AVX-512, slower on an AMD CPU with it, the same on
+an Intel one (:func:`cpu_compiler_options`; ``benchmarks/cpu_options.py`` times every set side by
+side)."""
+
+CPU_OPTIONS_ENV = "SB3WM_CPU_OPTIONS"
+"""The environment variable that names the set (:data:`CPU_OPTION_SETS`) instead of the choice by CPU
+(unset, empty or ``auto``)."""
+
+
+def cpu_compiler_options(cpu: CpuInfo | None = None, choice: str | None = None) -> dict[str, Any]:
+    """The XLA options of the agents' programs on ``cpu`` (default: this host's): the set named by
+    ``choice`` (default: :data:`CPU_OPTIONS_ENV`'s value), else chosen by the CPU's vector extensions,
+    from ``benchmarks/cpu_options.py`` run on each CPU type (docs/performance.md, CPU compiler options):
+
+    - with AVX-512: ``llvm_level_1``, YNNPACK's fusions kept (TD-MPC2 size 1's plan + update 1.4x
+      faster than without them on an AMD EPYC, 2026-12-04; on an Intel Xeon with AMX both agents
+      within 1-4% of the other sets, and the programs compile fastest: 2026-12-06);
+    - without: ``ynn_fusions_off`` (DreamerV3 "1m"'s update about 10% faster, TD-MPC2's plan and
+      update 10% / 3% faster, on an AMD EPYC without AVX-512, 2026-11-30)."""
+    choice = os.environ.get(CPU_OPTIONS_ENV, "") if choice is None else choice
+    if choice not in ("", "auto"):
+        if choice not in CPU_OPTION_SETS:
+            raise ValueError(
+                f"{CPU_OPTIONS_ENV}={choice!r}: name one of {sorted(CPU_OPTION_SETS)}, or 'auto' (chosen "
+                "by the CPU)."
+            )
+        return dict(CPU_OPTION_SETS[choice])
+    cpu = cpu_info() if cpu is None else cpu
+    return dict(CPU_OPTION_SETS["llvm_level_1" if cpu.has_avx512 else "ynn_fusions_off"])
+
+
+COMPILER_OPTIONS = cpu_compiler_options()
+"""The XLA options of the agents' jitted functions in this process (:func:`cpu_compiler_options`)."""
+
 
 MATMUL_PRECISIONS = ("float32", "tensorfloat32", "bfloat16", "default")
 """Values of the configs' ``matmul_precision``: "float32" computes every matmul and convolution in
