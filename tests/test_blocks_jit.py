@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -131,3 +135,28 @@ def test_the_cpu_options_are_chosen_by_the_cpu_or_named(tmp_path, monkeypatch):
     monkeypatch.setenv(J.CPU_OPTIONS_ENV, "fastest")
     with pytest.raises(ValueError, match="SB3WM_CPU_OPTIONS='fastest': name one of"):
         J.cpu_compiler_options(intel)
+
+
+def test_the_suite_runs_under_the_pinned_cpu_options():
+    """tests/conftest.py names a set (``ynn_fusions_off`` unless the run names another) before the
+    package reads it: the agents' programs in this process are compiled under it."""
+    choice = os.environ[J.CPU_OPTIONS_ENV]
+    assert choice in J.CPU_OPTION_SETS
+    assert J.COMPILER_OPTIONS == J.CPU_OPTION_SETS[choice]
+
+
+def test_the_reference_parity_holds_under_the_cpus_own_choice():
+    """The parity tests against the references' recorded numbers, run under the options a user of
+    this CPU gets (the rest of the suite runs under the pinned set, see tests/conftest.py)."""
+    tests = Path(__file__).parent
+    files = [str(tests / name) for name in ("test_dreamerv3_parity.py", "test_tdmpc2_parity.py")]
+    env = {**os.environ, J.CPU_OPTIONS_ENV: "auto"}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", *files],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout
