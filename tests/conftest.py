@@ -230,6 +230,12 @@ EXTENDED_TESTS = {
     "test_devices.py::test_data_parallel_updates_equal_the_one_device_updates": (
         "a model compiled and run in two fresh processes, on 4 devices and on 1"
     ),
+    "test_distributed.py::test_2_processes_train_one_model_as_one_process_on_the_global_batch": (
+        "a model trained by 2 jax.distributed processes, its updates again in one, checkpoints resumed"
+    ),
+    "test_distributed.py::test_processes_that_build_different_models_or_a_seed_group_are_refused": (
+        "2 jax.distributed processes, models built in each"
+    ),
     "test_gather_free.py::test_one_update_and_one_acting_step_are_the_same_in_both_forms[dreamerv3]": (
         "DreamerV3's update compiled in both forms (TD-MPC2's stays in the first tier)"
     ),

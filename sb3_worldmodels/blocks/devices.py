@@ -1,12 +1,13 @@
-"""Every local device of the host: a seed axis sharded over the devices, or one model's batch split
-over them (data parallel).
+"""Every device: a seed axis sharded over the host's devices, or one model's batch split over them
+(data parallel), also over the devices of several processes (``jax.distributed``).
 
 - :func:`seed_placement` places a group's leading seed axis S with
   ``NamedSharding(Mesh(devices, ("seeds",)), P("seeds"))``: each device holds S / D seeds, and a
   program vmapped over S (:meth:`~sb3_worldmodels.blocks.jit.AgentFunction.over_seeds`) runs on all
   of them at once (``jax.jit`` follows its inputs' shardings; its outputs keep them).
 - :func:`data_parallel_placement` splits one model's training batch along its batch axis over the
-  devices, the state replicated on each (``jax.jit`` inserts the gradients' all-reduce).
+  devices, the state replicated on each (``jax.jit`` inserts the gradients' all-reduce); under
+  ``jax.distributed`` over every process's devices, each process sending its own rows.
 
 On a host of one device both return None: the caller makes no sharding call at all, and its programs
 are those of a plain ``jax.jit``.
@@ -123,46 +124,100 @@ class SeedPlacement:
 
 
 def data_parallel_placement(batch_size: int, devices: Sequence[Any] | None = None) -> BatchPlacement | None:
-    """One model's training batch of ``batch_size`` rows split over the local devices (``devices``,
-    default ``jax.local_devices()``), or None on a host of one device. ValueError when the batch does
-    not split evenly."""
-    devices = list(jax.local_devices() if devices is None else devices)
+    """One model's training batch of ``batch_size`` rows split over the devices (``devices``, default
+    every device of the run: ``jax.devices()``, those of every process under ``jax.distributed``), or
+    None for one device. ValueError when the batch does not split evenly."""
+    devices = list(jax.devices() if devices is None else devices)
     if len(devices) == 1:
         return None
     if batch_size % len(devices):
+        processes = len({getattr(device, "process_index", 0) for device in devices})
+        where = (
+            f"the {len(devices)} devices of the run's {processes} processes"
+            if processes > 1
+            else (f"the host's {len(devices)} devices")
+        )
         raise ValueError(
-            f"data_parallel=True splits the training batch over the host's {len(devices)} devices: "
-            f"batch_size={batch_size} is not a multiple of {len(devices)}. Give a batch_size that is "
-            "(or data_parallel=False)."
+            f"data_parallel=True splits the training batch over {where}: batch_size={batch_size} is not a "
+            f"multiple of {len(devices)}. Give a batch_size that is (or data_parallel=False)."
         )
     return BatchPlacement(devices)
 
 
 class BatchPlacement:
     """A training batch split along its batch axis over a 1-D mesh of devices, the model's state
-    replicated on each."""
+    replicated on each. Under ``jax.distributed`` the mesh holds every process's devices, each
+    process's block of the batch contiguous (the devices in process order): a process sends its own
+    rows (:meth:`put_batch`) and reads back its own rows of the outputs (:meth:`local_rows`)."""
 
     def __init__(self, devices: Sequence[Any]) -> None:
-        self.devices = list(devices)
+        self.devices = sorted(devices, key=lambda d: (getattr(d, "process_index", 0), getattr(d, "id", 0)))
+        self.process_index = jax.process_index()
+        self.local_devices = [d for d in self.devices if getattr(d, "process_index", 0) == self.process_index]
+        self.process_count = len({getattr(d, "process_index", 0) for d in self.devices})
         self.mesh = Mesh(np.array(self.devices), (BATCH_AXIS,))
         self.replicated = NamedSharding(self.mesh, P())
+
+    def local_batch_size(self, batch_size: int) -> int:
+        """Rows of a ``batch_size`` batch that this process sends (all of them in one process)."""
+        return batch_size * len(self.local_devices) // len(self.devices)
 
     def batch_sharding(self, axis: int) -> NamedSharding:
         """Arrays split along ``axis`` (the batch axis), whole along the others."""
         return NamedSharding(self.mesh, P(*([None] * axis), BATCH_AXIS))
 
     def put_batch(self, tree: Any, axis: int) -> Any:
-        """A pytree of batches whose leaves have the batch axis at ``axis``, split along it."""
-        return jax.device_put(tree, self.batch_sharding(axis))
+        """A pytree of batches whose leaves have the batch axis at ``axis``, split along it. Under
+        ``jax.distributed`` each process gives its own rows (:meth:`local_batch_size` of them) and
+        the leaves are the run's global batches, the processes' rows in process order."""
+        sharding = self.batch_sharding(axis)
+        if self.process_count == 1:
+            return jax.device_put(tree, sharding)
+        scale = len(self.devices) // len(self.local_devices)
+
+        def put(leaf: Any) -> jax.Array:
+            shape = (*leaf.shape[:axis], leaf.shape[axis] * scale, *leaf.shape[axis + 1 :])
+            return jax.make_array_from_process_local_data(sharding, np.asarray(leaf), shape)
+
+        return jax.tree_util.tree_map(put, tree)
+
+    def local_rows(self, tree: Any, axis: int) -> Any:
+        """Numpy leaves of this process's rows (along ``axis``) of arrays split like the batch: the
+        outputs of a training call that go back to this process's replay."""
+
+        def rows(leaf: Any) -> np.ndarray:
+            if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
+                return np.asarray(leaf)
+            sharding = self.batch_sharding(axis)
+            if not leaf.sharding.is_equivalent_to(sharding, leaf.ndim):
+                leaf = jax.device_put(leaf, sharding)  # a layout of the compiler's own choice
+            shards = sorted(leaf.addressable_shards, key=lambda shard: shard.index[axis].start or 0)
+            return np.concatenate([np.asarray(shard.data) for shard in shards], axis=axis)
+
+        return jax.tree_util.tree_map(rows, tree)
+
+    def to_host(self, tree: Any) -> Any:
+        """Numpy leaves of whole arrays (e.g. the metrics): a replicated array is read from this
+        process's copy, an array split over the processes is gathered from all of them."""
+
+        def whole(leaf: Any) -> np.ndarray:
+            if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable or leaf.is_fully_replicated:
+                return np.asarray(leaf)
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+
+        return jax.tree_util.tree_map(whole, tree)
 
     def replicate(self, tree: Any) -> Any:
-        """A pytree with every leaf whole on every device."""
+        """A pytree with every leaf whole on every device (under ``jax.distributed`` every process
+        must give the same values)."""
         return jax.device_put(tree, self.replicated)
 
     def on_first_device(self, tree: Any) -> Any:
-        """A pytree of replicated leaves as they are on the first device (the replica there: nothing
-        is copied), for a program that runs on that device alone (e.g. acting)."""
-        first = self.devices[0]
+        """A pytree of replicated leaves as they are on this process's first device (the replica
+        there: nothing is copied), for a program that runs on that device alone (acting, predict)."""
+        first = self.local_devices[0]
 
         def local(leaf: Any) -> Any:
             if not isinstance(leaf, jax.Array) or len(leaf.sharding.device_set) == 1:

@@ -214,12 +214,22 @@ class WorldModelAlgorithm(
         self._resolve_config_defaults()
         self._config = self.config
         self._batch_placement = None
+        self._local_view = None
+        self._run_updates = 0
         if getattr(self, "seeds", None) is None:
             self.seeds, self._lanes, self._placement = None, None, None
             self.policy.state = self._build_state()
             if getattr(self, "data_parallel", False):  # files of earlier releases have no such attribute
                 self._batch_placement = data_parallel_placement(self.batch_size)
+                self._check_process_span()
         else:
+            if jax.process_count() > 1:
+                raise ValueError(
+                    f"A seed group runs on one process's devices, and this process is one of "
+                    f"{jax.process_count()} of a jax.distributed run. Run each group in a process of its "
+                    "own without jax.distributed (one job per host), or one model (one seed) with "
+                    "data_parallel=True over every process's devices."
+                )
             self._call_config = self._group_call_config()  # refuses what cannot vary per seed
             self._lanes = self._make_lanes()
             self.policy.state = self._build_group_state()
@@ -284,6 +294,8 @@ class WorldModelAlgorithm(
             "_rates_written",
             "_placement",
             "_batch_placement",
+            "_local_view",
+            "_run_updates",
         ]
 
     @classmethod
@@ -327,6 +339,7 @@ class WorldModelAlgorithm(
         # The replay is sized and its memory checked before SB3's set-up, so that a refused learn()
         # changes nothing.
         self._refuse_group_evaluation(callback)
+        self._warn_lone_process()
         if self._lanes is None:
             replay, reservation = self._replay_for_run(total_timesteps, reset_num_timesteps)
         else:

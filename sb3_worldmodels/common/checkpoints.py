@@ -228,7 +228,13 @@ class Checkpointing(BaseAlgorithm):
 
         An attribute JSON cannot express (a callable learning rate, a custom object) is pickled as SB3
         does, with a warning: loading it then needs ``custom_objects`` or ``trust_pickled_code=True``.
+
+        In a data-parallel run over several processes (``jax.distributed``) process 0 writes the file
+        and the others write nothing: the parameters are the same in every process.
         """
+        placement = getattr(self, "_batch_placement", None)
+        if placement is not None and placement.process_count > 1 and placement.process_index != 0:
+            return
         members = checkpoint_members(
             self._checkpoint_attributes(exclude, include),
             self.policy.state_dict(),

@@ -24,12 +24,13 @@ from stable_baselines3.common.type_aliases import RolloutReturn, TrainFreq, Trai
 from stable_baselines3.common.utils import should_collect_more_steps
 from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 
-from sb3_worldmodels.blocks.devices import BatchPlacement
+from sb3_worldmodels.blocks import distributed
 from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.agent_hooks import AgentCall, AgentHooks
 from sb3_worldmodels.common.boundary import AgentObservation, check_rewards, refuse_non_finite_actions
 from sb3_worldmodels.common.callbacks import WorldModelCallback, emit_eval_metrics
 from sb3_worldmodels.common.policy import JaxPolicy
+from sb3_worldmodels.common.processes import ProcessSpan
 from sb3_worldmodels.common.replay_state import replay_from_state
 
 
@@ -40,7 +41,7 @@ def run_call(config: Any, call: AgentCall, agent_state: Any) -> Any:
     return call.function(config, call.reads(agent_state), *call.arguments, **call.static)
 
 
-class Collector(AgentHooks, OffPolicyAlgorithm):
+class Collector(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
     """``collect_rollouts``, the env checks, and the agent's replay."""
 
     policy: JaxPolicy
@@ -48,7 +49,6 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
     _last_obs: Any
     at_episode_boundary: bool  # every env between episodes (saved with the model)
     _flat_obs: tuple[Any, AgentObservation] | None  # (an observation, it flattened)
-    _batch_placement: BatchPlacement | None  # data_parallel=True over several devices
     _wm_callbacks: list[WorldModelCallback]
     _eval_callbacks: list[EvalCallback]
 
@@ -115,19 +115,24 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
             where = f" at step {self.num_timesteps} (num_timesteps, before this step)"
             check_rewards(rewards, where)
             flat_obs = self.obs_adapter.convert(new_obs, where)
-            self.num_timesteps += self._count_step(dones)
+            rows = self._count_step(dones)
+            self.num_timesteps += rows
             num_collected_steps += 1
             callback.update_locals(locals())
-            if not callback.on_step():
+            go_on = callback.on_step()
+            if go_on:
+                emit_eval_metrics(self._wm_callbacks, self._eval_callbacks, self.logger)
+                self._update_info_buffer(infos, dones)
+                self._observe_step(flat_obs, rewards, dones, infos)
+                self._last_obs = new_obs
+                self._flat_obs = (new_obs, flat_obs)
+                self.at_episode_boundary = bool(np.all(dones))
+            if self._spans_processes:  # the processes agree on the step, going on and the updates
+                go_on = self._agree_on_step(rows, go_on)
+            if not go_on:
                 return RolloutReturn(
                     num_collected_steps * env.num_envs, num_collected_episodes, continue_training=False
                 )
-            emit_eval_metrics(self._wm_callbacks, self._eval_callbacks, self.logger)
-            self._update_info_buffer(infos, dones)
-            self._observe_step(flat_obs, rewards, dones, infos)
-            self._last_obs = new_obs
-            self._flat_obs = (new_obs, flat_obs)
-            self.at_episode_boundary = bool(np.all(dones))
             self._update_current_progress_remaining(self.num_timesteps, self._total_timesteps)
             self._on_step()
             for done in dones:
@@ -145,12 +150,9 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
         state = self.policy.state
         act_key, step_key = jax.random.split(state["act_key"])
         self.policy.state = {**state, "act_key": act_key}
-        call = self._act_call(obs, learning_starts, step_key)
-        placement = self._batch_placement
-        if placement is not None:  # data_parallel=True: act on the first device, not on all
-            reads = call.reads
-            call = call._replace(reads=lambda agent: placement.on_first_device(reads(agent)))
-        return call.finish(run_call(self._config, call, state["agent"]))
+        call = self._act_call(obs, learning_starts, self._step_key(step_key))
+        # data_parallel=True: act on the first device's copy of the state, not on every device
+        return call.finish(run_call(self._config, call, self._local_agent_state()))
 
     def _count_step(self, dones: np.ndarray) -> int:
         """How much ``num_timesteps`` advances for this vector step (the agent's ``_rows_in_step``)."""
@@ -200,7 +202,7 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
             n_envs=self.n_envs,
             fields=self._replay_fields(),
             window=self._replay_window,
-            seed=0 if self.seed is None else int(self.seed),
+            seed=self._collection_seed(),
             **self._replay_options(),
         )
 
@@ -226,12 +228,16 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
 
     def save_replay_buffer(self, path: str | os.PathLike | Any) -> None:
         """The replay as arrays plus JSON metadata in one ``.npz`` archive (no pickles), written
-        atomically; a path without a suffix gets SB3's ``.pkl``."""
+        atomically; a path without a suffix gets SB3's ``.pkl``. In a data-parallel run over several
+        processes each process writes its own replay beside ``path``:
+        ``replay.pkl`` -> ``replay.process-<index>-of-<count>.pkl``."""
         if self.replay_buffer is None:
             raise ValueError(
                 "There is no replay buffer to save yet: it is created by the first learn() call."
             )
         arrays, meta = self._replay_file_contents()
+        if isinstance(path, (str, os.PathLike)) and self._spans_processes:
+            path = distributed.shard_path(path, jax.process_index(), jax.process_count())
         if not isinstance(path, (str, os.PathLike)):
             safe_io.save_npz(path, arrays, meta)
             return
@@ -247,11 +253,16 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
     ) -> None:
         """Load a replay written by :meth:`save_replay_buffer`. A pickled replay (older files) loads
         only with ``trust_pickled_code=True``: unpickling runs code stored in the file. A refused or
-        mismatched file leaves the current replay in place."""
+        mismatched file leaves the current replay in place. In a data-parallel run over several
+        processes each process loads its own file (``replay.process-<index>-of-<count>.pkl``), or, if
+        there is none, ``path`` itself (each process then samples it with its own stream)."""
+        path, foreign = self._replay_file_of_process(path)
         what = safe_io.describe(path, "the replay file")
         if safe_io.is_zip_file(path):
             arrays, meta = safe_io.load_npz(path, what)
             self._load_replay_file(arrays, meta, what)
+            if foreign:  # a file of another process (or of a one-process run): sample it otherwise
+                self.replay_buffer.rng = np.random.default_rng(self._collection_seed())
             return
         if not trust_pickled_code:
             raise safe_io.UnsafeFileError(f"{what} is a pickled replay buffer. {safe_io.TRUST_HINT}")
@@ -260,6 +271,26 @@ class Collector(AgentHooks, OffPolicyAlgorithm):
             raise ValueError(f"{what} does not hold a replay buffer (found {type(buffer).__name__}).")
         self._check_replay_buffer(buffer)
         self.replay_buffer = buffer
+
+    def _replay_file_of_process(self, path: Any) -> tuple[Any, bool]:
+        """(the replay file this process loads for ``path``, whether it was written by another
+        process). FileNotFoundError naming the per-process files of ``path`` when it is not there."""
+        if not isinstance(path, (str, os.PathLike)):
+            return path, False
+        if self._spans_processes:
+            own = distributed.shard_path(path, jax.process_index(), jax.process_count())
+            if own.exists():
+                return own, False
+        if os.path.exists(path) or os.path.exists(f"{os.fspath(path)}.pkl"):
+            return path, self._process_offset() > 0
+        shards = distributed.shard_paths_of(path)
+        if shards:
+            raise FileNotFoundError(
+                f"{os.fspath(path)!r} does not exist, but each process of a run over several processes "
+                f"wrote its own replay beside it: {', '.join(str(s) for s in shards)}. Load one of them by "
+                "its name (its rows only), or load them in a run of as many processes."
+            )
+        return path, False
 
     def _replay_file_contents(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """``(arrays, meta)`` of the replay for :meth:`save_replay_buffer`'s ``.npz``."""

@@ -22,6 +22,7 @@ from sb3_worldmodels.blocks.seeds import counted_updates
 from sb3_worldmodels.common.agent_hooks import AgentHooks
 from sb3_worldmodels.common.callbacks import WorldModelCallback, record_extra_metrics
 from sb3_worldmodels.common.policy import JaxPolicy
+from sb3_worldmodels.common.processes import ProcessSpan
 
 _TRAINING_CALLS: dict[Any, AgentFunction] = {}
 
@@ -114,14 +115,15 @@ def aggregate_metric(key: str, values: np.ndarray) -> float:
     return float(np.mean(values))
 
 
-class Trainer(AgentHooks, OffPolicyAlgorithm):
+class Trainer(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
     """SB3's ``train`` for the agents, and the learning rate they read at every training call."""
 
     policy: JaxPolicy
     _wm_callbacks: list[WorldModelCallback]
     action_repeat: int
     _batch_placement: BatchPlacement | None
-    """Where ``data_parallel=True`` splits the training batches (None: one device, or not asked)."""
+    """Where ``data_parallel=True`` splits the training batches (None: one device, or not asked);
+    under ``jax.distributed``, over every process's devices."""
     _rates_written: tuple[Any, bytes] | None
     """(the agent state the last training call returned, the learning rates it holds as bytes)."""
 
@@ -129,7 +131,7 @@ class Trainer(AgentHooks, OffPolicyAlgorithm):
         """Run the updates the agent's schedule owes (SB3's ``gradient_steps`` is ignored), in
         jitted calls of ``_updates_per_call`` updates (and single updates for the rest), each through
         the one program of that size (:func:`training_call`)."""
-        owed = self._take_owed_updates()
+        owed = self._take_run_updates()
         if owed <= 0:
             return
         if self._n_updates == 0:
@@ -138,6 +140,10 @@ class Trainer(AgentHooks, OffPolicyAlgorithm):
         lr = self.current_learning_rate
         state = self.policy.state
         agent_state = self._with_learning_rates(state["agent"], np.float32(lr))
+        written = self._rates_written
+        if self._spans_processes and (written is None or agent_state is not written[0]):
+            # A state from elsewhere (built, loaded, its rates written): on every process's devices.
+            agent_state = self._batch_placement.replicate(agent_state)  # type: ignore[union-attr]
         all_metrics = []
         done = 0
         for k in training_chunks(owed, self._updates_per_call):
@@ -181,11 +187,16 @@ class Trainer(AgentHooks, OffPolicyAlgorithm):
         size = self._updates_per_call
         training = self._training_batch(k)
         batch = pad_updates(training.batch, size)
-        if self._batch_placement is not None:  # data_parallel=True: each device holds a part of every batch
-            batch = self._batch_placement.put_batch(batch, self.training_batch_axis)
+        placement = self._batch_placement
+        if placement is not None:  # data_parallel=True: each device holds a part of every batch
+            batch = placement.put_batch(batch, self.training_batch_axis)
         count = None if size == 1 else np.int32(k)  # one update per call: the core's own train_many
         new_state, metrics, *outputs = training_call(self.core)(self._config, agent_state, batch, count)
-        metrics, outputs = jax.device_get((metrics, tuple(outputs)))  # one transfer each, sliced in numpy
+        if placement is not None and placement.process_count > 1:  # this process's rows of the outputs
+            metrics = placement.to_host(metrics)
+            outputs = placement.local_rows(tuple(outputs), self.training_batch_axis)
+        else:
+            metrics, outputs = jax.device_get((metrics, tuple(outputs)))  # one transfer each, sliced in numpy
         metrics, outputs = jax.tree_util.tree_map(lambda x: x[:k], (metrics.unpack(), outputs))
         return new_state, metrics, functools.partial(training.commit, *outputs)
 

@@ -286,7 +286,7 @@ class DreamerV3(WorldModelAlgorithm):
             action = np.asarray(action)
             if self.num_timesteps < learning_starts:
                 action = self.action_adapter.random(
-                    self.n_envs, np.random.default_rng([self._rows, self.seed or 0])
+                    self.n_envs, np.random.default_rng([self._rows, self._collection_seed()])
                 )
                 carry = carry._replace(action=jnp.asarray(action))
             self._rollout = roll._replace(carry=carry, latent=(np.asarray(deter), np.asarray(stoch)))
@@ -362,7 +362,7 @@ class DreamerV3(WorldModelAlgorithm):
         return max(1, round(self.n_envs * self._config.updates_per_row))
 
     def _training_batch(self, k: int) -> TrainingBatch:
-        batch, envs, starts = self.replay_buffer.sample(self._config.batch_size, count=k)
+        batch, envs, starts = self.replay_buffer.sample(self._local_batch_size, count=k)
 
         def write_back(latents: Any) -> None:  # only once finite: no NaN latent reaches the replay
             self.replay_buffer.write_back(envs, starts, jax.device_get(latents))
@@ -410,7 +410,7 @@ class DreamerV3(WorldModelAlgorithm):
         rows = padded_rows(n)  # one compilation per power of two, not per batch size
         action, new, _, _ = core.policy_step_jit(
             self._config,
-            core.policy_params(self.policy.state["agent"]),
+            core.policy_params(self._local_agent_state()),
             core.Carry(*(jnp.asarray(pad_rows(x, rows)) for x in carry)),
             map_observation(lambda x: jnp.asarray(pad_rows(x, rows)), obs),
             jnp.asarray(pad_rows(starts, rows)),
@@ -462,7 +462,7 @@ class DreamerV3(WorldModelAlgorithm):
         _, belief = self._predict_step(obs, carried, starts, key, deterministic=True)
         return core.predict_rollout_jit(
             self._config,
-            self.policy.state["agent"].params,
+            self._local_agent_state().params,
             jnp.asarray(belief[0]),
             jnp.asarray(belief[1]),
             jnp.asarray(actions),

@@ -464,7 +464,7 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
         return self.n_envs
 
     def _training_batch(self, k: int) -> TrainingBatch:
-        batch = self.replay_buffer.sample(self._config.batch_size, count=k)  # (k, H+1, B, ...)
+        batch = self.replay_buffer.sample(self._local_batch_size, count=k)  # (k, H+1, B, ...)
         batch = {
             "obs": batch["obs"],
             "action": batch["action"][:, 1:],
@@ -504,7 +504,7 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
         rows = padded_rows(n)  # one compilation per power of two, not per batch size
         action, mean = core.act_jit(
             cfg,
-            self.policy.state["agent"].params,
+            self._local_agent_state().params,
             jnp.asarray(pad_rows(obs, rows)),
             jnp.asarray(pad_rows(prev, rows)),
             jnp.asarray(pad_rows(first, rows)),
@@ -553,7 +553,7 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
     ) -> dict[str, Any]:
         return core.predict_rollout_jit(
             self._config,
-            self.policy.state["agent"].params,
+            self._local_agent_state().params,
             jnp.asarray(_observation_array(obs)),
             jnp.asarray(actions),
         )
