@@ -16,7 +16,19 @@ The learning runs also report where the timed (post-compilation) seconds went: t
 policy step with its transfers, the replay writes, the replay sampling, the updates (the jitted
 training calls with their transfers and latent write-backs) and the rest of SB3's loop.
 
-Prints one JSON line per run; copy the results into docs/performance.md with the machine and date.
+``--reference-src`` (a checkout of danijar/dreamerv3 at 2411f7d + fix 29eb964, holding ``dreamerv3/``
+and ``embodied/``) and ``--reference-python`` (a Python with its dependencies: jax 0.4.26, optax,
+chex, tensorflow-probability 0.24, ...) add the reference's jitted training step to an ``update-1m``
+run: built in a worker process (``reference_dreamerv3_worker.py``) with the same sizes, batch and
+spaces, its calls and ours timed round robin (``--repeats`` rounds), so that a busy neighbour on the
+CPU slows both alike:
+
+    python benchmarks/dreamerv3_speed.py --config update-1m --repeats 15 \
+        --reference-src /path/to/dreamerv3 --reference-python /path/to/venv/bin/python \
+        --out benchmarks/results/official_speed.jsonl
+
+Prints one JSON line per run (``--out`` appends it to a .jsonl file too), with the CPU's model and
+vector extensions; copy the results into docs/performance.md with the date.
 """
 
 from __future__ import annotations
@@ -24,18 +36,24 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import platform
 import resource
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels import DreamerV3
-from sb3_worldmodels.blocks.precision import COMPUTE_DTYPES
+from sb3_worldmodels.blocks.cpu import cpu_info
+from sb3_worldmodels.blocks.jit import cpu_options_name
+from sb3_worldmodels.blocks.precision import COMPUTE_DTYPES, resolve_compute_dtype
 from sb3_worldmodels.dreamerv3 import agent as core
-from sb3_worldmodels.dreamerv3.config import preset
+from sb3_worldmodels.dreamerv3.config import ACCELERATOR_DTYPE, preset
 
 CONFIGS = {
     "seeds": dict(
@@ -139,16 +157,16 @@ def run_learning(name: str, seed: int, rows: int | None = None, compute_dtype: s
     }
 
 
-def run_update(
+def build_update(
     model_size: str,
     batch_size: int,
     batch_length: int,
-    repeats: int,
     pixels: bool = False,
     compute_dtype: str = "auto",
 ) -> dict:
-    """One update (and, from pixels, one acting step for 16 envs) on a synthetic batch: CartPole's
-    spaces, or 64 x 64 x 3 images and the same actions with ``pixels``."""
+    """Our compiled update on a synthetic batch (CartPole's spaces, or 64 x 64 x 3 images and the
+    same actions with ``pixels``): a row of settings, ``time_update()`` (seconds of one update, the
+    state carried on) and what :func:`finish_update` needs."""
     image = dict(obs_dim=0, image_shape=(64, 64, 3)) if pixels else dict(obs_dim=4)
     cfg = preset(
         model_size,
@@ -181,34 +199,119 @@ def run_update(
     t0 = time.perf_counter()
     compiled = core.train_many_jit.lower(cfg, state, batch).compile()
     compile_s = time.perf_counter() - t0
-    out = compiled(state, batch)
-    jax.block_until_ready(out)
-    times = []
-    for _ in range(repeats):
+    out = jax.block_until_ready(compiled(state, batch))
+    current = out[0]
+
+    def time_update() -> float:
+        nonlocal current
         t = time.perf_counter()
-        out = compiled(out[0], batch)
-        jax.block_until_ready(out)
-        times.append(time.perf_counter() - t)
+        current = jax.block_until_ready(compiled(current, batch))[0]
+        return time.perf_counter() - t
+
     row_bytes = sum(v[0, 0, 0].nbytes for v in batch.values())  # the replay's fields, one row
     return {
         "config": f"update-{model_size}" + ("-pixels" if pixels else ""),
         "batch": f"{batch_size}x{batch_length}",
         "compute_dtype": cfg.compute_dtype,
+        "params": int(sum(x.size for x in jax.tree_util.tree_leaves(state.params))),
         "compile_seconds": round(compile_s, 1),
-        "ms_per_update_median": round(1000 * float(np.median(times)), 1),
-        "ms_per_update_min": round(1000 * float(np.min(times)), 1),
-        **time_acting(
-            cfg,
-            out[0],
-            {
-                k[0]: v[0, :, 0]
-                for k, v in [(("obs" if k == "obs" else k,), v) for k, v in observation.items()]
-            },
-            repeats,
-        ),
         "replay_bytes_per_row": int(row_bytes),
-        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "time_update": time_update,
+        "state": lambda: current,
+        "cfg": cfg,
+        "observation": {k: v[0, :, 0] for k, v in observation.items()},
     }
+
+
+def finish_update(built: dict, times: list[float], repeats: int) -> dict:
+    """The row of one update build after its timed calls, with the acting step timed last."""
+    row = {k: v for k, v in built.items() if k not in ("time_update", "state", "cfg", "observation")}
+    row.update(
+        ms_per_update_median=round(1000 * float(np.median(times)), 1),
+        ms_per_update_min=round(1000 * float(np.min(times)), 1),
+        **time_acting(built["cfg"], built["state"](), built["observation"], repeats),
+        peak_rss_mb=round(peak_rss_mb(), 1),
+    )
+    return row
+
+
+def run_update(
+    model_size: str,
+    batch_size: int,
+    batch_length: int,
+    repeats: int,
+    pixels: bool = False,
+    compute_dtype: str = "auto",
+) -> dict:
+    """One update (and one acting step for ``batch_size`` envs), median of ``repeats`` calls."""
+    built = build_update(model_size, batch_size, batch_length, pixels, compute_dtype)
+    return finish_update(built, [built["time_update"]() for _ in range(repeats)], repeats)
+
+
+def start_reference(
+    src: str, python: str, batch_size: int, batch_length: int, compute_dtype: str
+) -> subprocess.Popen:
+    """The reference's worker process (``reference_dreamerv3_worker.py``), compiling in the background."""
+    worker = Path(__file__).with_name("reference_dreamerv3_worker.py")
+    command = [python, str(worker), "--src", src, "--batch-size", str(batch_size)]
+    command += ["--batch-length", str(batch_length), "--compute-dtype", compute_dtype]
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+
+def reference_ready(proc: subprocess.Popen) -> dict:
+    """The worker's ready line (it compiles the reference's train step first: minutes)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("{"):
+            ready = json.loads(line)
+            if ready.get("ready"):
+                return ready
+    raise RuntimeError(f"the reference worker did not start: {proc.args}")
+
+
+def ask(proc: subprocess.Popen, what: str) -> float:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(what + "\n")
+    return float(json.loads(proc.stdout.readline())[what])
+
+
+def run_side_by_side(
+    batch_size: int, batch_length: int, repeats: int, compute_dtype: str, src: str, python: str
+) -> list[dict]:
+    """Ours and the reference's "1m" update, timed round robin: two rows and their ratio."""
+    dtype = resolve_compute_dtype(compute_dtype, ACCELERATOR_DTYPE)  # the reference at the same dtype
+    proc = start_reference(src, python, batch_size, batch_length, dtype)
+    try:
+        built = build_update("1m", batch_size, batch_length, compute_dtype=compute_dtype)
+        ready = reference_ready(proc)
+        ours, theirs = [], []
+        load_before = os.getloadavg()[0]
+        for _ in range(repeats):
+            ours.append(built["time_update"]())
+            theirs.append(ask(proc, "update"))
+        reference_rss = ask(proc, "peak_rss_mb")
+        load = [round(load_before, 1), round(os.getloadavg()[0], 1)]  # 1 min, before/after
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout=60)
+    row = finish_update(built, ours, repeats)
+    reference = {
+        "config": row["config"],
+        "impl": f"reference (danijar/dreamerv3 2411f7d+29eb964, jax {ready['jax']})",
+        "batch": row["batch"],
+        "compute_dtype": ready["compute_dtype"],
+        "params": ready["params"],
+        "compile_seconds": ready["build_s"],
+        "ms_per_update_median": round(1000 * float(np.median(theirs)), 1),
+        "ms_per_update_min": round(1000 * float(np.min(theirs)), 1),
+        "peak_rss_mb": round(reference_rss, 1),
+    }
+    ratio = round(reference["ms_per_update_median"] / row["ms_per_update_median"], 2)
+    for r in (row, reference):
+        r.update(repeats=repeats, round_robin=True, speedup_over_reference=ratio, load_average=load)
+    row["impl"] = "sb3_worldmodels"
+    return [row, reference]
 
 
 def time_acting(cfg, state, observation: dict, repeats: int) -> dict:
@@ -248,19 +351,34 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--rows", type=int, default=None, help="total rows (default: the config's)")
     parser.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES)
+    parser.add_argument("--reference-src", help="danijar/dreamerv3 checkout (2411f7d + 29eb964)")
+    parser.add_argument("--reference-python", default=sys.executable, help="Python for the reference")
+    parser.add_argument("--out", type=Path, default=None, help="append the rows to this .jsonl file")
     args = parser.parse_args()
-    if args.config.startswith("update-"):
+    if args.reference_src:
+        if args.config != "update-1m":
+            parser.error("--reference-src times the update-1m configuration")
+        results = run_side_by_side(
+            16, 64, args.repeats, args.compute_dtype, args.reference_src, args.reference_python
+        )
+    elif args.config.startswith("update-"):
         size = args.config.split("-")[1]
         pixels = args.config.endswith("-pixels")
-        result = run_update(size, 16, 64, args.repeats, pixels=pixels, compute_dtype=args.compute_dtype)
+        results = [run_update(size, 16, 64, args.repeats, pixels=pixels, compute_dtype=args.compute_dtype)]
     else:
-        result = run_learning(args.config, args.seed, args.rows, args.compute_dtype)
-    result.update(
-        machine=f"{platform.machine()} {jax.devices()[0].platform} x{jax.local_device_count()}",
-        jax=jax.__version__,
-        date=time.strftime("%Y-%m-%d"),
-    )
-    print(json.dumps(result))
+        results = [run_learning(args.config, args.seed, args.rows, args.compute_dtype)]
+    for result in results:
+        result.update(
+            machine=f"{platform.machine()} {jax.devices()[0].platform} x{jax.local_device_count()}",
+            **cpu_info().as_dict(),
+            cpu_options=cpu_options_name(),
+            jax=jax.__version__,
+            date=time.strftime("%Y-%m-%d"),
+        )
+        print(json.dumps(result), flush=True)
+        if args.out:
+            with args.out.open("a") as handle:
+                handle.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":

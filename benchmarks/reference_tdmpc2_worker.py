@@ -8,6 +8,10 @@ observations and rewards and uniform actions), prints one JSON line when ready, 
 stdin line ``plan`` or ``update`` with the seconds of one call, timed inside this process:
 ``plan`` is ``TDMPC2.act`` (encode + MPPI, training mode), ``update`` is ``TDMPC2.update`` on the
 fixed batch (replay sampling excluded, as in our benchmark).
+
+The reference puts its model and buffers on ``torch.device('cuda')`` (tdmpc2.py:18,
+common/scale.py:9-10 @ b67b21c); on a machine without a GPU the worker hands those two modules a
+``torch`` whose ``device('cuda')`` is the CPU, without touching the reference's files.
 """
 
 from __future__ import annotations
@@ -18,6 +22,21 @@ import os
 import resource
 import sys
 import time
+import types
+
+
+def cpu_torch(torch: types.ModuleType) -> types.ModuleType:
+    """``torch`` itself, except that ``device("cuda")`` is the CPU where no GPU exists."""
+    if torch.cuda.is_available():
+        return torch
+    proxy = types.ModuleType("torch")
+    proxy.__dict__.update(torch.__dict__)
+
+    def device(spec, *args):
+        return torch.device("cpu" if str(spec).startswith("cuda") else spec, *args)
+
+    proxy.device = device  # type: ignore[attr-defined]
+    return proxy
 
 
 class FixedBatch:
@@ -45,8 +64,12 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     hydra.utils.get_original_cwd = os.getcwd  # parse_cfg asks Hydra for the launch folder
+    import common.scale
+    import tdmpc2 as reference
     from common.parser import parse_cfg
     from tdmpc2 import TDMPC2
+
+    reference.torch = common.scale.torch = cpu_torch(torch)
 
     cfg = OmegaConf.load(os.path.join(args.src, "config.yaml"))
     cfg.pop("defaults", None)

@@ -26,6 +26,7 @@ import argparse
 import importlib
 import inspect
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -38,6 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+
+from sb3_worldmodels.blocks.cpu import cpu_info  # noqa: E402
+from sb3_worldmodels.blocks.jit import cpu_options_name  # noqa: E402
 
 PIXEL_SHAPE = (64, 64, 9)
 """Three stacked 64 x 64 RGB frames, channel-last, as ``make_dmc_env(task, pixels=True, frame_stack=3)``."""
@@ -192,6 +196,7 @@ def main() -> None:
     )
     parser.add_argument("--reference-src", help="the reference's tdmpc2/ source folder (b67b21c)")
     parser.add_argument("--reference-python", default=sys.executable, help="Python for the reference")
+    parser.add_argument("--out", type=Path, default=None, help="append the rows to this .jsonl file")
     args = parser.parse_args()
     builds = [
         build(size, args.obs_dim, args.action_dim, impl, observation == "pixels", dtype)
@@ -205,34 +210,46 @@ def main() -> None:
             build_reference(size, args.obs_dim, args.action_dim, args.reference_src, args.reference_python)
             for size in args.size or [1, 5]
         ]
+    load_before = os.getloadavg()[0]
     for _ in range(args.repeats):
         for b in builds:
             b["plan_times"].append(b["time_plan"]())
             b["update_times"].append(b["time_update"]())
+    ours: dict[int, dict] = {}  # per size, the first of ours: the reference's row gets the ratio to it
+    for b in builds:
+        if not b["impl"].startswith("reference"):
+            ours.setdefault(b["size"], b)
     for b in builds:
         plan_ms = float(np.median(b["plan_times"]) * 1e3)
         update_ms = float(np.median(b["update_times"]) * 1e3)
-        print(
-            json.dumps(
-                {
-                    "impl": b["impl"],
-                    "size": b["size"],
-                    "observation": b.get("observation", f"vector {args.obs_dim}"),
-                    "compute_dtype": b.get("compute_dtype", "float32"),
-                    "replay_bytes_per_row": b.get("replay_bytes_per_row"),
-                    "params": b["params"](),
-                    "plan_ms": round(plan_ms, 1),
-                    "update_ms": round(update_ms, 1),
-                    "agent_steps_per_s": round(1e3 / (plan_ms + update_ms), 2),
-                    "plan_compile_s": b["plan_compile_s"],
-                    "update_compile_s": b["update_compile_s"],
-                    "peak_rss_mb": round(b.get("peak_rss_mb", own_peak_rss_mb)()),
-                    "machine": f"{platform.machine()} {jax.devices()[0].platform}",
-                    "jax": jax.__version__,
-                }
-            ),
-            flush=True,
-        )
+        b["steps_per_s"] = 1e3 / (plan_ms + update_ms)
+        row = {
+            "impl": b["impl"],
+            "size": b["size"],
+            "observation": b.get("observation", f"vector {args.obs_dim}"),
+            "compute_dtype": b.get("compute_dtype", "float32"),
+            "replay_bytes_per_row": b.get("replay_bytes_per_row"),
+            "params": b["params"](),
+            "plan_ms": round(plan_ms, 1),
+            "update_ms": round(update_ms, 1),
+            "agent_steps_per_s": round(b["steps_per_s"], 2),
+            "plan_compile_s": b["plan_compile_s"],
+            "update_compile_s": b["update_compile_s"],
+            "peak_rss_mb": round(b.get("peak_rss_mb", own_peak_rss_mb)()),
+            "repeats": args.repeats,
+            "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],  # 1 min, before/after
+            "machine": f"{platform.machine()} {jax.devices()[0].platform}",
+            **cpu_info().as_dict(),
+            "cpu_options": cpu_options_name(),
+            "jax": jax.__version__,
+            "date": time.strftime("%Y-%m-%d"),
+        }
+        if b["impl"].startswith("reference") and b["size"] in ours:
+            row["ours_over_reference"] = round(ours[b["size"]]["steps_per_s"] / b["steps_per_s"], 2)
+        print(json.dumps(row), flush=True)
+        if args.out:
+            with args.out.open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

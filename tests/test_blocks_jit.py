@@ -143,6 +143,8 @@ def test_the_suite_runs_under_the_pinned_cpu_options():
     choice = os.environ[J.CPU_OPTIONS_ENV]
     assert choice in J.CPU_OPTION_SETS
     assert J.COMPILER_OPTIONS == J.CPU_OPTION_SETS[choice]
+    assert J.cpu_options_name() == choice  # what the benchmarks record
+    assert J.cpu_options_name({"xla_backend_optimization_level": 2}) == "custom"
 
 
 def test_the_reference_parity_holds_under_the_cpus_own_choice():

@@ -61,6 +61,13 @@ COMPILER_OPTIONS = cpu_compiler_options()
 """The XLA options of the agents' jitted functions in this process (:func:`cpu_compiler_options`)."""
 
 
+def cpu_options_name(options: dict[str, Any] | None = None) -> str:
+    """The name of ``options`` (default: :data:`COMPILER_OPTIONS`) in :data:`CPU_OPTION_SETS`, else
+    ``"custom"``: what a speed figure records of the options it ran under."""
+    options = COMPILER_OPTIONS if options is None else options
+    return next((name for name, known in CPU_OPTION_SETS.items() if known == options), "custom")
+
+
 MATMUL_PRECISIONS = ("float32", "tensorfloat32", "bfloat16", "default")
 """Values of the configs' ``matmul_precision``: "float32" computes every matmul and convolution in
 full float32, as the reference codes ran them (their numbers come from float32 GEMMs); "tensorfloat32"
