@@ -108,9 +108,10 @@ def test_the_refusal_names_the_env_and_the_step():
 
 @pytest.mark.parametrize("agent", list(AGENTS))
 def test_a_non_finite_update_stops_training_and_keeps_the_parameters(agent):
-    model = build(agent)
+    faulty = FaultyEnv(at=10**9, value=0.0)  # records the actions it is sent
+    model = build(agent, vec(lambda: faulty))
     model.learn(80)
-    updates, before = model._n_updates, params_hash(model)
+    updates, before, sent = model._n_updates, params_hash(model), len(faulty.actions)
     assert updates > 0
     data = model.replay_buffer._data
     data["reward"][...] = np.nan  # as if a reward had overflowed inside the replay
@@ -120,6 +121,9 @@ def test_a_non_finite_update_stops_training_and_keeps_the_parameters(agent):
     ):
         model.learn(40, reset_num_timesteps=False)
     assert params_hash(model) == before and model._n_updates == updates
+    # The refused update is the first step's: checked after the next acting call is made (while the
+    # device acts), it stops learn before that action reaches the env.
+    assert len(faulty.actions) == sent + 1
     for name, latent in latents_before.items():  # DreamerV3: no NaN latent was written back
         assert np.array_equal(data[name], latent)
 

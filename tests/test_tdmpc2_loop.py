@@ -11,7 +11,10 @@ many updates run at each step and how many finished episodes each update can sam
 
 from __future__ import annotations
 
+import jax
+import numpy as np
 from gymnasium.wrappers import TimeLimit
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_worldmodels import TDMPC2
@@ -49,7 +52,7 @@ class RecordingTDMPC2(TDMPC2):
         self.events: list[tuple] = []
 
     def _collect_act(self, last_obs, learning_starts):
-        step = self.num_timesteps
+        step = self.acting_step = self.num_timesteps
         action = super()._collect_act(last_obs, learning_starts)
         if step > self.seed_steps:
             self.events.append(("act", step, "planned", bool(self._rollout.first[0])))
@@ -58,8 +61,10 @@ class RecordingTDMPC2(TDMPC2):
         return action
 
     def _train_chunk(self, agent_state, k):
-        step = self.num_timesteps - 1
-        self.events.extend([("update", step, self.replay_buffer.num_episodes)] * k)
+        # The updates of the step that acted last: made after its env step (the seed phase's burst),
+        # or before it, while the env steps (every single update after the burst), from the same replay.
+        self.events.extend([("update", self.acting_step, self.replay_buffer.num_episodes)] * k)
+        self.before_step = getattr(self, "before_step", 0) + (self.num_timesteps == self.acting_step)
         return super()._train_chunk(agent_state, k)
 
 
@@ -71,9 +76,42 @@ def test_the_loop_follows_the_reference_step_by_step():
     model.learn(steps)
     expected = reference_loop(length, seed_steps, steps)
     assert model.events == expected
+    assert model.before_step == steps - 1 - seed_steps  # the single updates, after the burst's step
     # The transcription itself has the reference's shape: 12 updates at step 12, then one per step,
     # and the update of a step that ends an episode does not see that episode yet.
     updates = [e for e in expected if e[0] == "update"]
     assert len(updates) == seed_steps + (steps - 1 - seed_steps)
     assert ("update", 13, 1) in updates and ("update", 14, 2) in updates
     assert ("act", 14, "planned", True) in expected and ("act", 15, "planned", False) in expected
+
+
+class StopAt(BaseCallback):
+    """Stops ``learn`` at the callback call of the vector step that reaches ``at`` agent steps."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+
+    def _on_step(self) -> bool:
+        return self.model.num_timesteps < self.at
+
+
+def test_a_run_stopped_at_a_step_drops_that_steps_update():
+    """The update of a step after the burst is dispatched before the step's env step; a callback that
+    stops ``learn`` at that step leaves the model as a run that ended one step earlier: the same
+    parameters, updates and replay draws (the update is dropped, its batch's draws undone)."""
+    settings = {k: v for k, v in SMOKE_SETTINGS.items() if k != "model_size"}
+
+    def build() -> TDMPC2:
+        env = make_vec_env(lambda: TimeLimit(ChainEnv(length=100), 7), n_envs=1, seed=0)
+        return TDMPC2(env, model_size=1, seed_steps=12, seed=0, **settings)
+
+    stopped, ended = build(), build()
+    stopped.learn(40, callback=StopAt(30))  # steps 0..29; step 29's update is dropped
+    ended.learn(29)  # steps 0..28, each with its updates
+    assert stopped.num_timesteps == 30 and ended.num_timesteps == 29
+    assert stopped._n_updates == ended._n_updates == 12 + (28 - 12)
+    same = jax.tree_util.tree_map(np.array_equal, stopped.policy.state["agent"], ended.policy.state["agent"])
+    assert all(jax.tree_util.tree_leaves(same))
+    draws = stopped.replay_buffer.rng.bit_generator.state, ended.replay_buffer.rng.bit_generator.state
+    assert draws[0] == draws[1]

@@ -153,6 +153,18 @@ class PerSeedConfig(Protocol):
         ...
 
 
+_PER_SEED_TYPES: dict[type, bool] = {}
+
+
+def _per_seed(config: Any) -> bool:
+    """Whether ``config`` is a :class:`PerSeedConfig` (the protocol's check, once per config class: it
+    looks up every member, at every call of an agent's function)."""
+    kind = type(config)
+    if kind not in _PER_SEED_TYPES:
+        _PER_SEED_TYPES[kind] = isinstance(config, PerSeedConfig)
+    return _PER_SEED_TYPES[kind]
+
+
 class AgentFunction:
     """``fn(config, ...)`` compiled per ``config`` (static), with every matmul traced inside under
     ``config.matmul_precision`` (:data:`MATMUL_PRECISIONS`) and :data:`COMPILER_OPTIONS`; the
@@ -169,6 +181,7 @@ class AgentFunction:
         self._static_argnames = tuple(static_argnames)
         self._compiled: OrderedDict[Any, Any] = OrderedDict()
         self._compiled_over_seeds: OrderedDict[Any, Any] = OrderedDict()
+        self._from_stream: AgentFunction | None = None
 
     def _pinned(self, config: Any, *args: Any, **kwargs: Any) -> Any:
         precision = check_matmul_precision(config.matmul_precision)
@@ -179,7 +192,7 @@ class AgentFunction:
 
     def for_config(self, config: Any) -> Any:
         """The ``jax.jit`` function of ``config`` (``lower``, ``trace``, ... work on it)."""
-        if isinstance(config, PerSeedConfig):
+        if _per_seed(config):
             raise TypeError(
                 f"{self._fn.__name__}: a config with per-seed settings runs over a seed axis; call "
                 "over_seeds(config) instead."
@@ -217,7 +230,7 @@ class AgentFunction:
         :func:`~sb3_worldmodels.blocks.seeds.with_settings`): their values are an argument of the
         program (other values, same program), each seed's traced in its config. The returned
         function has ``lower`` and ``trace`` either way."""
-        per_seed = config if isinstance(config, PerSeedConfig) else None
+        per_seed = config if _per_seed(config) else None
         key = (config if per_seed is None else per_seed.program_key, gather_free())
         jitted = self._compiled_over_seeds.pop(key, None)
         if jitted is None:
@@ -243,6 +256,24 @@ class AgentFunction:
 
         call.__name__ = call.__qualname__ = f"{self._fn.__name__}_over_seeds"  # the program's name
         return jax.jit(call, static_argnames=self._static_argnames, compiler_options=COMPILER_OPTIONS)
+
+    def from_stream(self) -> AgentFunction:
+        """This function drawing its key from a key stream: ``g(config, *args, stream_key, **kwargs) ->
+        (fn(config, *args, step_key, **kwargs), next_key)`` with ``next_key, step_key =
+        jax.random.split(stream_key)`` (``fn``'s last positional argument is its key). The split is
+        the one a caller would make before each call, inside the call's program instead of a dispatch
+        of its own; the same keys, the same outputs."""
+        if self._from_stream is None:
+            fn = self._fn
+
+            def from_stream(config: Any, *args: Any, **kwargs: Any) -> tuple[Any, jax.Array]:
+                *arguments, stream_key = args
+                next_key, step_key = jax.random.split(stream_key)
+                return fn(config, *arguments, step_key, **kwargs), next_key
+
+            from_stream.__name__ = from_stream.__qualname__ = f"{fn.__name__}_from_stream"
+            self._from_stream = AgentFunction(from_stream, self._static_argnames)
+        return self._from_stream
 
     def __call__(self, config: Any, *args: Any, **kwargs: Any) -> Any:
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):

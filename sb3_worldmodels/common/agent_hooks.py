@@ -12,7 +12,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import jax
 import numpy as np
 
 if TYPE_CHECKING:
@@ -21,20 +20,22 @@ if TYPE_CHECKING:
 
 
 class AgentCall(NamedTuple):
-    """One call of a core's jitted function, as an agent hook describes it: the shell makes the call
-    (``function(config, reads(agent_state), *arguments, **static)``) and hands its outputs to
-    ``finish``. With ``function`` None there is nothing to call (``finish(None)``)."""
+    """One acting call of a core's jitted function, as an agent hook describes it: the shell makes the
+    call (``function(config, reads(agent_state), *arguments, key, **static)``, the key drawn from the
+    collection stream inside the call's program) and hands its outputs (device arrays) to ``finish``."""
 
     function: Any
-    """The core's jitted function (:class:`~sb3_worldmodels.blocks.jit.AgentFunction`), or None."""
+    """The core's jitted function (:class:`~sb3_worldmodels.blocks.jit.AgentFunction`); its last
+    positional argument is its PRNG key."""
     reads: Callable[[Any], Any]
     """The part of the agent's state the function takes first (e.g. the acting parameters)."""
     arguments: tuple[Any, ...]
-    """Its other arguments (arrays)."""
+    """Its other arguments (arrays) before the key."""
     static: dict[str, Any]
     """Its static keyword arguments."""
     finish: Callable[[Any], np.ndarray]
-    """The call's outputs (None without a call) -> the agent's result, e.g. (n_envs, A) actions."""
+    """The call's outputs -> the agent's result, e.g. (n_envs, A) actions: it fetches to the host only
+    what the host needs (outputs carried to the next call stay on the device)."""
 
 
 class TrainingBatch(NamedTuple):
@@ -107,12 +108,22 @@ class AgentHooks(ABC):
     _owed_updates: int
     """Updates the agent's schedule owes and the next training call runs."""
 
+    def _settle_training(self, refuse: bool = True) -> None:
+        """The shell's (:class:`~sb3_worldmodels.common.training.Trainer`): check, commit and log the
+        training call that is still unsettled, if any."""
+        raise NotImplementedError
+
+    def _train_before_step(self) -> None:
+        """The shell's (:class:`~sb3_worldmodels.common.training.Trainer`): the coming step's training
+        call before its env step, where :meth:`_updates_before_step` allows it."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ collection
     @abstractmethod
-    def _act_call(self, obs: AgentObservation, learning_starts: int, key: jax.Array) -> AgentCall:
+    def _act_call(self, obs: AgentObservation, learning_starts: int) -> AgentCall:
         """The acting call for the current observations ``obs`` (n_envs, O) (with images, an
-        :data:`~sb3_worldmodels.common.boundary.AgentObservation` dict), drawing its randomness from
-        ``key`` (the shell splits it from the collection stream): its ``finish`` gives the (n_envs, A)
+        :data:`~sb3_worldmodels.common.boundary.AgentObservation` dict), every vector step one (random
+        actions too: their key comes from the same stream); its ``finish`` gives the (n_envs, A)
         agent-unit actions."""
 
     @abstractmethod
@@ -151,6 +162,14 @@ class AgentHooks(ABC):
     def _training_batch(self, k: int) -> TrainingBatch:
         """k batches sampled from the replay for one call of ``core.train_many_jit`` (each array with a
         leading k), and what to apply once the call's metrics are known to be finite."""
+
+    def _updates_before_step(self) -> int:
+        """The updates the coming vector step will owe (those owed already included), when their
+        training call may run before its env step: one call's worth (``_updates_per_call``), whose
+        batches cannot hold the step's transitions and whose count does not depend on the step's
+        outcome. 0 (the default): they run after the step. The shell takes them after the step as
+        usual (``_take_owed_updates`` must then give this count)."""
+        return 0
 
     def _take_owed_updates(self) -> int:
         """The number of updates to run now (and forget them); 0 while training cannot start.

@@ -248,6 +248,9 @@ class WorldModelAlgorithm(
         self._predict_view = None
         self._hand_outs = None if self._lanes is None else HandOuts()
         self._rates_written = None
+        self._unsettled = None
+        self._staged = None
+        self._learning = False
         if not hasattr(self, "_owed_updates"):
             self._owed_updates = 0  # a loaded model keeps the updates it owed
         if not hasattr(self, "at_episode_boundary"):
@@ -292,6 +295,9 @@ class WorldModelAlgorithm(
             "_predict_view",
             "_hand_outs",
             "_rates_written",
+            "_unsettled",
+            "_staged",
+            "_learning",
             "_placement",
             "_batch_placement",
             "_local_view",
@@ -399,14 +405,24 @@ class WorldModelAlgorithm(
         """SB3's ``learn``: collect ``total_timesteps`` (replay rows for DreamerV3, agent steps for
         TD-MPC2) and run the updates the agent's own schedule owes after each vector step. The
         TensorBoard run is named after the algorithm unless ``tb_log_name`` is given."""
-        return super().learn(
-            total_timesteps,
-            callback=callback,
-            log_interval=log_interval,
-            tb_log_name=tb_log_name or type(self).__name__,
-            reset_num_timesteps=reset_num_timesteps,
-            progress_bar=progress_bar,
-        )
+        self._learning = True
+        ended = False
+        try:
+            result = super().learn(
+                total_timesteps,
+                callback=callback,
+                log_interval=log_interval,
+                tb_log_name=tb_log_name or type(self).__name__,
+                reset_num_timesteps=reset_num_timesteps,
+                progress_bar=progress_bar,
+            )
+            ended = True
+        finally:
+            self._learning = False
+            self._staged = None  # a step's update dispatched before a step that did not complete
+            # Nothing is unsettled after the last step; after an error the state is made safe, quietly.
+            self._settle_training(refuse=ended)
+        return result
 
 
 # Besides WorldModelAlgorithm, the names imported from here before the shell was split by job (their

@@ -34,11 +34,11 @@ from sb3_worldmodels.common.processes import ProcessSpan
 from sb3_worldmodels.common.replay_state import replay_from_state
 
 
-def run_call(config: Any, call: AgentCall, agent_state: Any) -> Any:
-    """The outputs of ``call`` on ``agent_state`` (None when it has no function)."""
-    if call.function is None:
-        return None
-    return call.function(config, call.reads(agent_state), *call.arguments, **call.static)
+def run_call(config: Any, call: AgentCall, agent_state: Any, stream_key: jax.Array) -> tuple[Any, jax.Array]:
+    """(the outputs of ``call`` on ``agent_state``, the stream's next key): the call's key is drawn
+    from ``stream_key`` inside the call's program (:meth:`AgentFunction.from_stream`)."""
+    function = call.function.from_stream()
+    return function(config, call.reads(agent_state), *call.arguments, stream_key, **call.static)
 
 
 class Collector(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
@@ -105,6 +105,7 @@ class Collector(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
             buffer_actions = self._collect_act(self._flat_last_obs(), learning_starts)
             refuse_non_finite_actions(buffer_actions, f" at step {self.num_timesteps}")
             actions = self.action_adapter.to_env(buffer_actions)
+            self._train_before_step()  # the step's update, where the agent allows, while the env steps
             try:
                 new_obs, rewards, dones, infos = env.step(actions)
             except ValueError as error:  # e.g. DummyVecEnv storing an observation of another shape
@@ -145,14 +146,23 @@ class Collector(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
         return RolloutReturn(num_collected_steps * env.num_envs, num_collected_episodes, continue_training)
 
     def _collect_act(self, obs: AgentObservation, learning_starts: int) -> np.ndarray:
-        """(n_envs, A) agent-unit actions for ``obs``: the agent's acting call (``_act_call``) with a
-        key split from the collection stream ``act_key``."""
+        """(n_envs, A) agent-unit actions for ``obs``: the agent's acting call (``_act_call``), its key
+        drawn from the collection stream ``act_key`` inside the call. The training call before it is
+        settled meanwhile (:meth:`_settle_training`): its results are checked while the device acts."""
         state = self.policy.state
-        act_key, step_key = jax.random.split(state["act_key"])
-        self.policy.state = {**state, "act_key": act_key}
-        call = self._act_call(obs, learning_starts, self._step_key(step_key))
-        # data_parallel=True: act on the first device's copy of the state, not on every device
-        return call.finish(run_call(self._config, call, self._local_agent_state()))
+        call = self._act_call(obs, learning_starts)
+        agent = self._local_agent_state()  # data_parallel=True: the first device's copy, not every device's
+        placement = self._batch_placement
+        if placement is not None and placement.process_index != 0:
+            # A later process of a jax.distributed run: its step key folded with its index (_step_key).
+            act_key, step_key = jax.random.split(state["act_key"])
+            arguments = (*call.arguments, self._step_key(step_key))
+            outputs = call.function(self._config, call.reads(agent), *arguments, **call.static)
+        else:
+            outputs, act_key = run_call(self._config, call, agent, state["act_key"])
+        self._settle_training()  # a refused update raises here: this call's outputs are dropped
+        self.policy.state = {**self.policy.state, "act_key": act_key}
+        return call.finish(outputs)
 
     def _count_step(self, dones: np.ndarray) -> int:
         """How much ``num_timesteps`` advances for this vector step (the agent's ``_rows_in_step``)."""

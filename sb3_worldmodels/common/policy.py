@@ -57,8 +57,10 @@ class JaxPolicy(BasePolicy):
 
     @state.setter
     def state(self, value: Any) -> None:
-        self._state = value
-        self.state_version += 1
+        # Plain attributes, set past torch's Module.__setattr__ (a lookup of parameters, buffers and
+        # submodules at each of the loop's assignments, two per step).
+        object.__setattr__(self, "_state", value)
+        object.__setattr__(self, "state_version", self.state_version + 1)
 
     def predict(self, observation, state=None, episode_start=None, deterministic: bool = False):
         """The algorithm's ``predict`` (same arguments and returns)."""
@@ -87,7 +89,7 @@ class JaxPolicy(BasePolicy):
         return algorithm._from_policy_file(attributes, tensors)
 
     def set_training_mode(self, mode: bool) -> None:
-        self.training = mode
+        object.__setattr__(self, "training", mode)  # a plain attribute (SB3 sets it every vector step)
 
     def state_dict(self, *args, **kwargs) -> dict[str, th.Tensor]:  # type: ignore[override]
         """The float leaves of the state as CPU tensors (weights, optimiser moments, statistics), as

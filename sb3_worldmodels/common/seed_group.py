@@ -81,16 +81,6 @@ def group_vec_env(make_one: Any, seeds: tuple[int, ...]) -> VecEnv:
     return DummyVecEnv([functools.partial(_same, env) for env in envs])
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _split_keys(keys: jax.Array, pieces: bool) -> tuple[jax.Array, jax.Array, tuple[jax.Array, ...]]:
-    """(S, 2) keys -> (S, 2) keys to keep, (S, 2) keys for this step and, with ``pieces``, the latter's
-    S rows: each seed's key split in two, in one dispatch (an index of its output outside would be a
-    dispatch of its own, its indices sent to every device)."""
-    split = jax.vmap(jax.random.split)(keys)
-    step = split[:, 1]
-    return split[:, 0], step, tuple(step[i] for i in range(step.shape[0])) if pieces else ()
-
-
 class HandOuts:
     """The per-seed pieces of stacked arrays that a group handed to its lanes, so that the pieces a
     lane passes back in its next call (its carried state, its observations, its key) are stacked by
@@ -344,35 +334,29 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
         return slice(index * n, (index + 1) * n)
 
     def _collect_act(self, obs: AgentObservation, learning_starts: int) -> np.ndarray:
-        """Every lane's acting call as one call over the seeds. The lanes get pieces of the group's
-        arrays (their rows of the observations, their step key, their part of the call's outputs, as
-        host arrays fetched in one transfer) and pass them back in the next call: those are stacked by
-        taking the group's arrays again (:class:`HandOuts`), e.g. a carried state stays on the device."""
+        """Every lane's acting call as one call over the seeds (each seed's key drawn from its stream
+        inside it). The lanes get pieces of the group's arrays (their rows of the observations, their
+        part of the call's outputs, as host arrays fetched in one transfer) and pass them back in the
+        next call: those are stacked by taking the group's arrays again (:class:`HandOuts`), e.g. a
+        carried state stays on the device."""
         if self._lanes is None:
             return super()._collect_act(obs, learning_starts)  # type: ignore[misc]
         assert self._hand_outs is not None
         hand_outs = self._hand_outs
         state = self.policy.state
-        act_keys, step_keys, pieces = _split_keys(state["act_key"], self._placement is None)
-        self.policy.state = {**state, "act_key": act_keys}
-        keys = list(pieces) if self._placement is None else self._placement.unstack(step_keys)
-        hand_outs.hand(step_keys, keys)
         n = self.envs_per_seed
         stacked_obs = map_observation(lambda x: x.reshape(self.n_seeds, n, *x.shape[1:]), obs)
         seed_obs = [map_observation(lambda x, i=i: x[i], stacked_obs) for i in range(self.n_seeds)]
         hand_outs.hand_tree(self._on_devices(stacked_obs), seed_obs)
-        calls = [lane._act_call(seed_obs[i], learning_starts, keys[i]) for i, lane in enumerate(self._lanes)]
-        called = {call.function is not None for call in calls}
-        if called == {False}:
-            hand_outs.clear()
-            return np.concatenate([call.finish(None) for call in calls])
-        if called != {True}:
-            raise RuntimeError("The seeds of a group disagree on whether to act with the model.")
+        calls = [lane._act_call(seed_obs[i], learning_starts) for i, lane in enumerate(self._lanes)]
+        if len({call.function for call in calls}) != 1:
+            raise RuntimeError("The seeds of a group disagree on how to act (with the model or at random).")
         first = calls[0]
         arguments = self._stacked_arguments([call.arguments for call in calls])
-        outputs = first.function.over_seeds(self._call_config)(
-            first.reads(state["agent"]), *arguments, **first.static
+        outputs, act_keys = first.function.from_stream().over_seeds(self._call_config)(
+            first.reads(state["agent"]), *arguments, state["act_key"], **first.static
         )
+        self.policy.state = {**state, "act_key": act_keys}
         host = _read_only(jax.device_get(outputs))  # one transfer; each seed's part a view
         per_seed = [tree_slice(host, i) for i in range(self.n_seeds)]
         hand_outs.clear()

@@ -4,13 +4,21 @@ After each vector step SB3 calls ``train``; the agent's collection hook has adde
 schedule owes to ``_owed_updates`` (the one name of that count in every agent), and ``train`` runs
 them in calls of ``_updates_per_call`` updates (one compiled program: a call of fewer is padded),
 refuses any update that produced NaN or inf before its state is kept, and logs each call's metrics.
+
+Inside ``learn`` the last call of a ``train`` is *settled* later (:meth:`Trainer._settle_training`):
+its metrics and outputs are fetched, checked, committed and logged once the next acting call has
+been dispatched behind it, so that the host does that work while the device acts instead of waiting
+for the update first. Nothing reads the state in between but the acting call, whose outputs are
+dropped when the update is refused: the refusal, the state kept and every log and callback are as if
+the call had been checked at once (the error comes from the next step's acting call, before its env
+step). The last ``train`` of a ``learn`` settles at once.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -102,6 +110,62 @@ class NonFiniteUpdateError(FloatingPointError):
     """An update produced NaN or inf; the model keeps its parameters from before it."""
 
 
+class CallResults(NamedTuple):
+    """A training call's results, on the device: K updates' metrics and outputs of which the first
+    ``k`` ran, and the side effects to apply once they are checked."""
+
+    metrics: PackedMetrics
+    outputs: tuple[Any, ...]
+    k: int
+    commit: Callable[..., None]
+    processes: BatchPlacement | None = None
+    """The placement of a batch split over several processes' devices (None: this process's)."""
+
+    def copy_to_host_async(self) -> None:
+        """Start the transfers of the metrics and outputs (they run while the host does other work)."""
+        for leaf in jax.tree_util.tree_leaves((self.metrics, self.outputs)):
+            if isinstance(leaf, jax.Array) and leaf.is_fully_addressable:
+                leaf.copy_to_host_async()
+
+    def fetch(self, batch_axis: int = 0) -> tuple[dict[str, np.ndarray], tuple[Any, ...]]:
+        """(numpy metrics {name: (k,)}, the outputs with a leading k): one transfer each, sliced in
+        numpy; over several processes, the metrics of the local replica and this process's rows of the
+        outputs along ``batch_axis``."""
+        if self.processes is not None:
+            metrics = self.processes.to_host(self.metrics)
+            outputs = self.processes.local_rows(self.outputs, batch_axis)
+        else:
+            metrics, outputs = jax.device_get((self.metrics, self.outputs))
+        return jax.tree_util.tree_map(lambda x: x[: self.k], (metrics.unpack(), outputs))
+
+
+@dataclasses.dataclass
+class _Round:
+    """The calls of one ``train``: the updates owed, the learning rate, each settled call's metrics."""
+
+    owed: int
+    lr: float
+    metrics: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+
+
+class _Unsettled(NamedTuple):
+    """A training call dispatched and not yet checked."""
+
+    round: _Round
+    before: Any  # the agent state before the call: kept when one of its updates is refused
+    results: CallResults
+    done: int  # the updates of the same ``train`` before it
+
+
+class _Staged(NamedTuple):
+    """A step's training call dispatched before its env step, kept apart until ``train`` takes it."""
+
+    unsettled: _Unsettled
+    state: Any  # the call's new agent state
+    timesteps: int  # num_timesteps after the step
+    sampled: Any  # the replay's random state after the call's batches were drawn
+
+
 def aggregate_metric(key: str, values: np.ndarray) -> float:
     """The mean of one metric over a call's updates.
 
@@ -126,34 +190,133 @@ class Trainer(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
     under ``jax.distributed``, over every process's devices."""
     _rates_written: tuple[Any, bytes] | None
     """(the agent state the last training call returned, the learning rates it holds as bytes)."""
+    _unsettled: _Unsettled | None
+    """The training call that settles at the next acting call (None: every call settled)."""
+    _staged: _Staged | None
+    """The training call dispatched before the current step's env step (None: none)."""
+    _learning: bool
+    """Whether ``learn`` is running."""
+    _total_timesteps: int
 
     def train(self, gradient_steps: int, batch_size: int = 0) -> None:
         """Run the updates the agent's schedule owes (SB3's ``gradient_steps`` is ignored), in
         jitted calls of ``_updates_per_call`` updates (and single updates for the rest), each through
-        the one program of that size (:func:`training_call`)."""
+        the one program of that size (:func:`training_call`); inside ``learn`` the last call settles
+        at the next acting call (the module's docstring)."""
+        self._settle_training()
+        staged, self._staged = getattr(self, "_staged", None), None
         owed = self._take_run_updates()
+        if staged is not None and self._takes_staged(staged, owed):
+            self._keep_training_call(staged.unsettled, staged.state, last=True)
+            return
         if owed <= 0:
             return
         if self._n_updates == 0:
             for cb in self._wm_callbacks:
                 cb.on_pretrain()
         lr = self.current_learning_rate
-        state = self.policy.state
-        agent_state = self._with_learning_rates(state["agent"], np.float32(lr))
+        kept = self.policy.state["agent"]  # what a refused call leaves
+        agent_state = self._with_learning_rates(kept, np.float32(lr))
         written = self._rates_written
         if self._spans_processes and (written is None or agent_state is not written[0]):
             # A state from elsewhere (built, loaded, its rates written): on every process's devices.
             agent_state = self._batch_placement.replicate(agent_state)  # type: ignore[union-attr]
-        all_metrics = []
+        round_ = _Round(owed, lr)
+        chunks = training_chunks(owed, self._updates_per_call)
         done = 0
-        for k in training_chunks(owed, self._updates_per_call):
-            new_agent_state, metrics, commit = self._train_chunk(agent_state, k)
-            self._refuse_non_finite_update(metrics, done)
-            agent_state, done = new_agent_state, done + k
-            commit()
-            self.policy.state = {**state, "agent": agent_state}
-            all_metrics.append(metrics)
-        self._rates_written = (agent_state, np.float32(lr).tobytes())
+        for i, k in enumerate(chunks):
+            new_state, results = self._train_chunk(agent_state, k)
+            last = i == len(chunks) - 1
+            self._keep_training_call(_Unsettled(round_, kept, results, done), new_state, last)
+            agent_state = kept = new_state
+            done += k
+
+    def _keep_training_call(self, unsettled: _Unsettled, new_state: Any, last: bool) -> None:
+        """Take a training call's state; settle it now, or, for a ``train``'s last call inside
+        ``learn`` with steps still to collect, at the next acting call."""
+        self.policy.state = {**self.policy.state, "agent": new_state}
+        self._rates_written = (new_state, np.float32(unsettled.round.lr).tobytes())
+        if (
+            last
+            and getattr(self, "_learning", False)
+            and self.num_timesteps < self._total_timesteps
+            and not self._spans_processes  # their calls settle at once, as every process's
+        ):
+            unsettled.results.copy_to_host_async()
+            self._unsettled = unsettled
+            return
+        self._settle(unsettled)
+
+    def _train_before_step(self) -> None:
+        """Dispatch the coming vector step's training call before its env step, when the agent's
+        schedule allows it (:meth:`_updates_before_step`), so that the device updates while the env
+        steps and the host records the step. Nothing sees it until ``train`` takes it, after the
+        step (:meth:`_takes_staged`): callbacks see the state from before it, the replay's random
+        state is as before its batches were drawn, and a run that stops at this step drops it."""
+        if not getattr(self, "_learning", False) or getattr(self, "_lanes", None) is not None:
+            return
+        if self._spans_processes:  # the processes agree on the updates after the step
+            return
+        count = self._updates_before_step()
+        if count <= 0:
+            return
+        timesteps = self.num_timesteps + self.n_envs
+        lr = float(self.lr_schedule(1.0 - float(timesteps) / float(self._total_timesteps)))
+        kept = self.policy.state["agent"]
+        rng = self.replay_buffer.rng
+        drawn_from = rng.bit_generator.state
+        new_state, results = self._train_chunk(self._with_learning_rates(kept, np.float32(lr)), count)
+        sampled, rng.bit_generator.state = rng.bit_generator.state, drawn_from
+        results.copy_to_host_async()
+        unsettled = _Unsettled(_Round(count, lr), kept, results, 0)
+        self._staged = _Staged(unsettled, new_state, timesteps, sampled)
+
+    def _takes_staged(self, staged: _Staged, owed: int) -> bool:
+        """Whether ``train`` takes the training call staged before the step (the same updates, the
+        same step, learning rate and state as it would run now); if so its batches' draws are the
+        replay's again. Otherwise it is dropped and ``train`` runs as if it had never been made."""
+        unsettled = staged.unsettled
+        if (
+            owed != unsettled.round.owed
+            or self.num_timesteps != staged.timesteps
+            or self.current_learning_rate != unsettled.round.lr
+            or self.policy.state["agent"] is not unsettled.before
+        ):
+            return False
+        self.replay_buffer.rng.bit_generator.state = staged.sampled
+        return True
+
+    def _settle_training(self, refuse: bool = True) -> None:
+        """Check, commit and log the training call that is still unsettled, if any: a refused update
+        restores the state from before the call and raises :class:`NonFiniteUpdateError` (with
+        ``refuse`` False, e.g. while another error ends ``learn``, it only restores)."""
+        unsettled, self._unsettled = getattr(self, "_unsettled", None), None
+        if unsettled is None:
+            return
+        try:
+            self._settle(unsettled)
+        except NonFiniteUpdateError:
+            if refuse:
+                raise
+
+    def _settle(self, unsettled: _Unsettled) -> None:
+        """Fetch a training call's results, refuse a non-finite update (restoring the state from before
+        the call), apply its side effects, and log its ``train``'s calls once the last is settled."""
+        round_, results = unsettled.round, unsettled.results
+        metrics, outputs = results.fetch(self.training_batch_axis)
+        try:
+            self._refuse_non_finite_update(metrics, unsettled.done)
+        except NonFiniteUpdateError:
+            self.policy.state = {**self.policy.state, "agent": unsettled.before}
+            raise
+        results.commit(*outputs)
+        round_.metrics.append(metrics)
+        if unsettled.done + results.k == round_.owed:
+            self._log_round(round_)
+
+    def _log_round(self, round_: _Round) -> None:
+        """Count a ``train``'s updates, and log their metrics (callbacks get each update's)."""
+        owed, all_metrics = round_.owed, round_.metrics
         self._n_updates += owed
         # Each call returns every update's metrics with a leading K: one row per update owed.
         stacked = {key: np.concatenate([m[key] for m in all_metrics]) for key in all_metrics[0]}
@@ -164,7 +327,7 @@ class Trainer(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
         for key, values in stacked.items():
             self.logger.record(f"train/{key}", aggregate_metric(key, values))
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
-        self.logger.record("train/learning_rate", lr)
+        self.logger.record("train/learning_rate", round_.lr)
         self.logger.record("rollout/env_frames", self.num_timesteps * self.action_repeat)
         self.logger.record("train/replay_bytes", self.replay_bytes_per_seed)
 
@@ -180,10 +343,9 @@ class Trainer(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
             return agent_state
         return self.core.set_learning_rate(agent_state, rates if placed is None else placed)
 
-    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, dict, Callable[[], None]]:
+    def _train_chunk(self, agent_state: Any, k: int) -> tuple[Any, CallResults]:
         """k updates in one jitted call on k batches of the agent's replay (``_training_batch``),
-        padded to the call's size: (new state, numpy metrics with a leading k, the call's side effects
-        to apply once it is kept)."""
+        padded to the call's size: (the new state, the call's results on the device)."""
         size = self._updates_per_call
         training = self._training_batch(k)
         batch = pad_updates(training.batch, size)
@@ -192,13 +354,10 @@ class Trainer(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
             batch = placement.put_batch(batch, self.training_batch_axis)
         count = None if size == 1 else np.int32(k)  # one update per call: the core's own train_many
         new_state, metrics, *outputs = training_call(self.core)(self._config, agent_state, batch, count)
-        if placement is not None and placement.process_count > 1:  # this process's rows of the outputs
-            metrics = placement.to_host(metrics)
-            outputs = placement.local_rows(tuple(outputs), self.training_batch_axis)
-        else:
-            metrics, outputs = jax.device_get((metrics, tuple(outputs)))  # one transfer each, sliced in numpy
-        metrics, outputs = jax.tree_util.tree_map(lambda x: x[:k], (metrics.unpack(), outputs))
-        return new_state, metrics, functools.partial(training.commit, *outputs)
+        spans = placement is not None and placement.process_count > 1
+        return new_state, CallResults(
+            metrics, tuple(outputs), k, training.commit, placement if spans else None
+        )
 
     def _refuse_non_finite_update(self, metrics: dict[str, np.ndarray], done: int) -> None:
         """Raise NonFiniteUpdateError when any update of a chunk has a non-finite metric (every loss

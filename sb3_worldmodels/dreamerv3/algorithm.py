@@ -33,7 +33,7 @@ class _Pending(NamedTuple):
 class _RolloutState(NamedTuple):
     carry: core.Carry  # per-env recurrent state of the acting policy (device)
     pending: _Pending
-    latent: tuple[np.ndarray, np.ndarray] | None  # posterior (deter, stoch) of the current rows
+    latent: tuple[Any, Any] | None  # posterior (deter, stoch) of the current rows (device or host)
 
 
 SB3_HINTS = {
@@ -276,25 +276,28 @@ class DreamerV3(WorldModelAlgorithm):
     def _rows_in_step(self, dones: np.ndarray) -> int:
         return len(dones) + int(np.sum(dones))
 
-    def _act_call(self, obs: AgentObservation, learning_starts: int, key: jax.Array) -> AgentCall:
+    def _act_call(self, obs: AgentObservation, learning_starts: int) -> AgentCall:
         if self._rollout is None:
             self._rollout = self._new_rollout(self.n_envs)
         roll = self._rollout
 
         def finish(outputs: Any) -> np.ndarray:
             action, carry, deter, stoch = outputs
+            for latent in (deter, stoch):  # for the replay rows: copied while the env steps
+                if isinstance(latent, jax.Array):
+                    latent.copy_to_host_async()
             action = np.asarray(action)
             if self.num_timesteps < learning_starts:
                 action = self.action_adapter.random(
                     self.n_envs, np.random.default_rng([self._rows, self._collection_seed()])
                 )
                 carry = carry._replace(action=jnp.asarray(action))
-            self._rollout = roll._replace(carry=carry, latent=(np.asarray(deter), np.asarray(stoch)))
+            self._rollout = roll._replace(carry=carry, latent=(deter, stoch))
             self._current_obs = obs
             self._current_action = action
             return action
 
-        arguments = (roll.carry, obs, roll.pending.is_first, key)  # numpy: the call transfers them
+        arguments = (roll.carry, obs, roll.pending.is_first)  # numpy: the call transfers them
         static = {"deterministic": False}
         return AgentCall(core.policy_step_jit, core.policy_params, arguments, static, finish)
 
@@ -303,7 +306,7 @@ class DreamerV3(WorldModelAlgorithm):
     ) -> None:
         roll = self._rollout
         n = self.n_envs
-        deter, stoch = roll.latent
+        deter, stoch = (np.asarray(latent) for latent in roll.latent)
         envs = np.arange(n)
         zeros = np.zeros(n, bool)
         items = self.replay_buffer.add_rows(

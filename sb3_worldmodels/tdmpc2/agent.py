@@ -488,6 +488,12 @@ def random_actions(key: Array, n: int, action_dim: int) -> Array:
     return jax.random.uniform(key, (n, action_dim), jnp.float32, -1.0, 1.0)
 
 
+def seed_actions(config: TDMPC2Config, state: None, key: Array, n_envs: int) -> Array:
+    """The seed phase's acting call: :func:`random_actions` for ``n_envs`` envs, (n_envs, A) (``state``
+    is None: the call reads nothing of the agent's state)."""
+    return random_actions(key, n_envs, config.action_dim)
+
+
 def predict_rollout(config: TDMPC2Config, params: dict, obs: Array, actions: Array) -> dict[str, Array]:
     """What the world model expects along given actions, open loop, without dropout.
 
@@ -532,6 +538,8 @@ init_params_jit = agent_jit(N.init_params)
 """Jitted :func:`~sb3_worldmodels.tdmpc2.networks.init_params`; ``config`` is static."""
 act_jit = agent_jit(act, static_argnames=("deterministic",))
 """Jitted :func:`act`; ``config`` and ``deterministic`` are static."""
+seed_actions_jit = agent_jit(seed_actions, static_argnames=("n_envs",))
+"""Jitted :func:`seed_actions`; ``config`` and ``n_envs`` are static."""
 train_many_jit = agent_jit(train_many)
 """Jitted :func:`train_many`; ``config`` is static."""
 predict_rollout_jit = agent_jit(predict_rollout)

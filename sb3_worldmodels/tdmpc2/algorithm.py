@@ -352,7 +352,7 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
         return replay, capacity
 
     # ------------------------------------------------------------------ collection
-    def _act_call(self, observation: AgentObservation, learning_starts: int, key: jax.Array) -> AgentCall:
+    def _act_call(self, observation: AgentObservation, learning_starts: int) -> AgentCall:
         obs = _observation_array(observation)
         cfg = self._config
         n = self.n_envs
@@ -363,20 +363,21 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
                 jnp.zeros((n, cfg.horizon, cfg.action_dim), jnp.float32), np.ones(n, bool)
             )
         roll = self._rollout
+        if self.num_timesteps <= self._seed_steps:  # the seed phase: uniform random actions
+
+            def finish_random(action: Any) -> np.ndarray:
+                self._current_action = np.asarray(action)
+                return self._current_action
+
+            return AgentCall(core.seed_actions_jit, _no_state, (), {"n_envs": n}, finish_random)
 
         def finish(outputs: Any) -> np.ndarray:
-            if outputs is None:  # the seed phase: uniform random actions
-                action = np.asarray(core.random_actions(key, n, cfg.action_dim))
-            else:
-                action, mean = outputs
-                self._rollout = roll._replace(prev_mean=mean)
-                action = np.asarray(action)
-            self._current_action = action
-            return action
+            action, mean = outputs
+            self._rollout = roll._replace(prev_mean=mean)  # stays on the device: the next plan's
+            self._current_action = np.asarray(action)
+            return self._current_action
 
-        if self.num_timesteps <= self._seed_steps:
-            return AgentCall(None, _agent_params, (), {}, finish)
-        arguments = (obs, roll.prev_mean, roll.first, key)  # numpy: the call transfers them
+        arguments = (obs, roll.prev_mean, roll.first)  # numpy: the call transfers them
         return AgentCall(core.act_jit, _agent_params, arguments, {"deterministic": False}, finish)
 
     def _start_episodes(self, envs: np.ndarray, obs: np.ndarray) -> None:
@@ -434,14 +435,27 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
         if dones.any():
             self._start_episodes(np.flatnonzero(dones), obs[dones])
         self._rollout = self._rollout._replace(first=dones.copy())
-        # The reference's schedule, per agent step s (0-based): seed_steps updates at s == seed_steps,
-        # then one per step.
-        seed_steps, before = self._seed_steps, self.num_timesteps - n
-        if before <= seed_steps < self.num_timesteps:
-            self._owed_updates += seed_steps
-        self._owed_updates += max(0, self.num_timesteps - max(before, seed_steps + 1))
+        self._owed_updates += self._step_updates(self.num_timesteps - n, self.num_timesteps)
+
+    def _step_updates(self, before: int, after: int) -> int:
+        """The updates a vector step from ``before`` to ``after`` agent steps owes: the reference's
+        schedule, per agent step s (0-based), seed_steps updates at s == seed_steps, then one per step."""
+        seed_steps = self._seed_steps
+        burst = seed_steps if before <= seed_steps < after else 0
+        return burst + max(0, after - max(before, seed_steps + 1))
 
     # ------------------------------------------------------------------ training
+    def _updates_before_step(self) -> int:
+        # The step's batches never hold its own transitions: they are sampled from stored episodes
+        # only, and the episodes that ended at the previous step are stored first, as the step's
+        # observation would store them.
+        self.replay_buffer.store_finished()
+        if self._n_updates == 0 or self.replay_buffer.num_episodes == 0:
+            return 0  # the seed phase's burst runs after its step, in calls of its own
+        before = self.num_timesteps
+        due = self._owed_updates + self._step_updates(before, before + self.n_envs)
+        return due if due == self._updates_per_call else 0
+
     def _take_owed_updates(self) -> int:
         if self.replay_buffer.num_episodes == 0:  # updates wait for the first finished episode
             # Said once an episode runs past its stated length (or 1000 steps when unknown): an episode
@@ -566,6 +580,11 @@ def _nothing() -> None:
 def _agent_params(state: core.TDMPC2State) -> dict:
     """What the planner reads of the agent's state."""
     return state.params
+
+
+def _no_state(state: core.TDMPC2State) -> None:
+    """What the seed phase's random actions read of the agent's state: nothing."""
+    return None
 
 
 _CONSTRUCTOR_ARGS = frozenset(inspect.signature(TDMPC2.__init__).parameters)
