@@ -1,5 +1,6 @@
 """World-model reinforcement learning (DreamerV3, TD-MPC2) as drop-in Stable-Baselines3 algorithms."""
 
+from sb3_worldmodels.blocks.host_memory import keep_freed_memory
 from sb3_worldmodels.common.callbacks import WorldModelCallback
 from sb3_worldmodels.common.seed_eval import SeedGroupEvalCallback
 from sb3_worldmodels.dreamerv3 import DreamerV3, DreamerV3Config
@@ -22,6 +23,8 @@ from sb3_worldmodels.tdmpc2 import (
     pool_reference_data,
     pool_tasks,
 )
+
+keep_freed_memory()  # at import, before JAX starts its threads (blocks/host_memory.py)
 
 __version__ = "0.1.0"
 __all__ = [

@@ -21,6 +21,10 @@ epsilon 1e-20) turns a near-zero gradient's sign into a whole step, and such rou
 tolerances of the tests that compare programs of different shapes. The tolerances hold on every CPU
 under XLA's own dot kernels; tests/test_blocks_jit.py runs the reference parity tests under the CPU's
 own choice.
+
+glibc's allocator is left as it is (``SB3WM_MALLOC=off``): the package's setting keeps the heap's
+peak resident in every worker that runs many programs; tests/test_host_memory.py runs its own
+processes with it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ _OWNED_CACHE: list[str] = []
 
 os.environ["SB3WM_COMPILATION_CACHE"] = "off"  # see the module docstring
 os.environ.setdefault("SB3WM_CPU_OPTIONS", "ynn_fusions_off")  # see the module docstring
+os.environ.setdefault("SB3WM_MALLOC", "off")  # see the module docstring
 
 # dm_control picks its OpenGL backend when first imported, which a plugin may do before any test
 # (through shimmy): headless EGL for the pixel tests, unless the run chose a backend or has a display.
@@ -127,6 +132,9 @@ two cores; CI (``.ci/run``) runs them right after it with ``python -m pytest -q 
 everything is still tested on every change."""
 
 EXTENDED_TESTS = {
+    "test_host_memory.py::test_the_next_call_reuses_the_freed_temporaries": (
+        "two fresh processes of 20 calls with 40 MB temporaries each"
+    ),
     "test_blocks_jit.py::test_the_reference_parity_holds_under_the_cpus_own_choice": (
         "the parity test files run again in a subprocess under the CPU's own compiler options"
     ),
