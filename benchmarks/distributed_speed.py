@@ -14,7 +14,7 @@ written-back outputs read): ``updates_per_s``; ``parameter_arrays`` counts the a
 parameters, whose gradients the processes add up. It also times the all-gather that a run over several
 processes makes after every vector step (``agree_ms``, the mean of 200). The rows (one per run, from
 process 0) go to ``benchmarks/results/distributed_speed_<backend>.jsonl`` (appended), with the CPU's
-model and vector extensions, the load average and the command.
+model and vector extensions, the load average, the checkout's commit and the command.
 """
 
 from __future__ import annotations
@@ -87,8 +87,9 @@ def worker(agent: str, updates: int, smoke: bool) -> None:
         nonlocal agent_state
         start = time.perf_counter()
         for _ in range(count):
-            agent_state, _, commit = model._train_chunk(agent_state, size)  # metrics read: the call ended
-            commit()
+            agent_state, results = model._train_chunk(agent_state, size)
+            _, outputs = results.fetch(model.training_batch_axis)  # the metrics read: the call ended
+            results.commit(*outputs)
         return time.perf_counter() - start
 
     compile_s = calls(1)
@@ -217,6 +218,10 @@ def main() -> None:
     backend = "cpu"
     out = args.out or RESULTS / f"distributed_speed_{backend}.jsonl"
     date = datetime.date.today().isoformat()
+    described = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
+    )
+    commit = described.stdout.strip() or None
     runs = (
         [(None, args.processes)] * args.rounds
         if args.collectives
@@ -238,6 +243,7 @@ def main() -> None:
             **cpu_info().as_dict(),
             "load_average": round(os.getloadavg()[0], 2),
             "jax": jax.__version__,
+            "commit": commit,
             "command": " ".join(["python", "benchmarks/distributed_speed.py", *sys.argv[1:]]),
         }
         print(json.dumps(row), flush=True)
