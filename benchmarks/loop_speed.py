@@ -16,9 +16,10 @@ vector steps times the acting call plus its training calls times the training ca
 ``learn_rate / jitted_rate`` is the share of the calls' own rate that ``learn`` reaches (1.0: the
 loop around them costs nothing, or hides behind them). ``chained`` is a loop of the calls alone
 without the env (training call, acting call, the action fetched), as a loop with no host work
-would run them. Rounds alternate learn and calls so that a busy neighbour on the CPU affects both
-alike; the JSON line has every round, the medians, the CPU (model, vector extensions), the load
-average and the date.
+would run them. Many short rounds alternate learn and calls so that a busy neighbour on the CPU
+affects both alike; the JSON line has every round, the medians over the rounds, ``ratio_all_rounds``
+(every window's jitted seconds over every window's learn seconds), the CPU (model, vector
+extensions), the load average and the date.
 """
 
 from __future__ import annotations
@@ -172,10 +173,15 @@ def run(args: argparse.Namespace) -> dict:
                 "act_ms": 1000 * act_s,
                 "train_call_ms": 1000 * train_s,
                 "training_calls": window["calls"],
+                "vector_steps": window["steps"],
                 "host_ms_per_step": 1000 * (window["seconds"] - jitted) / window["steps"],
             }
         )
     median = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    # Over every round: the jitted calls' seconds of all windows against learn's seconds of all windows.
+    learn_s = sum(r["vector_steps"] / r["learn_steps_per_s"] for r in rounds)
+    jitted_s = sum(r["vector_steps"] / r["jitted_steps_per_s"] for r in rounds)
+    overall = {"ratio_all_rounds": jitted_s / learn_s}
     unit = "agent" if args.agent == "tdmpc2" else "vector"
     if args.agent == "tdmpc2":
         what = "tiny (smoke sizes)" if args.tiny else "size 1"
@@ -189,6 +195,7 @@ def run(args: argparse.Namespace) -> dict:
         "rate_unit": f"{unit} steps/s",
         "steps_per_round": args.steps,
         **{key: round(value, 3) for key, value in median.items()},
+        **{key: round(value, 3) for key, value in overall.items()},
         "rounds": [{key: round(value, 3) for key, value in r.items()} for r in rounds],
         "backend": jax.default_backend(),
         "device": str(jax.devices()[0].device_kind),
@@ -209,12 +216,12 @@ def main() -> None:
     )
     parser.add_argument("--acting", action="store_true", help="DreamerV3: the acting path alone, no updates")
     parser.add_argument("--steps", type=int, default=None, help="vector steps per learn window")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=None, help="timings of each call per round")
     args = parser.parse_args()
     slow = args.agent == "dreamerv3" and not (args.tiny or args.acting)
-    args.steps = args.steps or (6 if slow else 100)
-    args.repeats = args.repeats or (5 if slow else 30)
+    args.steps = args.steps or (3 if slow else 25)
+    args.repeats = args.repeats or (3 if slow else 15)
     print(json.dumps(run(args)), flush=True)
 
 

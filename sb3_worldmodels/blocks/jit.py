@@ -278,6 +278,12 @@ class AgentFunction:
     def __call__(self, config: Any, *args: Any, **kwargs: Any) -> Any:
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
             return self._pinned(config, *args, **kwargs)  # inside another trace: inline it
+        return self.call_from_host(config, *args, **kwargs)
+
+    def call_from_host(self, config: Any, *args: Any, **kwargs: Any) -> Any:
+        """The compiled call, from host code that is never traced (the training loop's calls): the
+        call without ``__call__``'s look for tracers among the arguments, a walk over every leaf of
+        the agent state (about 60-80 us per call for TD-MPC2 size 1's on a 2-core Xeon)."""
         if _TIMERS:
             return _timed(self.for_config(config), args, kwargs)
         return self.for_config(config)(*args, **kwargs)

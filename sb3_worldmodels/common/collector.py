@@ -38,7 +38,9 @@ def run_call(config: Any, call: AgentCall, agent_state: Any, stream_key: jax.Arr
     """(the outputs of ``call`` on ``agent_state``, the stream's next key): the call's key is drawn
     from ``stream_key`` inside the call's program (:meth:`AgentFunction.from_stream`)."""
     function = call.function.from_stream()
-    return function(config, call.reads(agent_state), *call.arguments, stream_key, **call.static)
+    return function.call_from_host(
+        config, call.reads(agent_state), *call.arguments, stream_key, **call.static
+    )
 
 
 class Collector(ProcessSpan, AgentHooks, OffPolicyAlgorithm):

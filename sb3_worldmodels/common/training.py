@@ -173,6 +173,8 @@ def aggregate_metric(key: str, values: np.ndarray) -> float:
     are NaN in updates whose batch lacks a class and are averaged over the others (NaN when all
     lack it), as the reference aggregates them; every other metric keeps a NaN visible.
     """
+    if values.shape == (1,):  # one update (the mean of one value is the value, NaN or not)
+        return float(values[0])
     if "stats/" in key:
         finite = values[~np.isnan(values)]
         return float(finite.mean()) if finite.size else float("nan")
@@ -319,7 +321,10 @@ class Trainer(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
         owed, all_metrics = round_.owed, round_.metrics
         self._n_updates += owed
         # Each call returns every update's metrics with a leading K: one row per update owed.
-        stacked = {key: np.concatenate([m[key] for m in all_metrics]) for key in all_metrics[0]}
+        if len(all_metrics) == 1:
+            stacked = all_metrics[0]
+        else:
+            stacked = {key: np.concatenate([m[key] for m in all_metrics]) for key in all_metrics[0]}
         for i in range(owed if self._wm_callbacks else 0):
             metrics = {f"train/{key}": float(v[i]) for key, v in stacked.items()}
             for cb in self._wm_callbacks:
@@ -353,7 +358,8 @@ class Trainer(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
         if placement is not None:  # data_parallel=True: each device holds a part of every batch
             batch = placement.put_batch(batch, self.training_batch_axis)
         count = None if size == 1 else np.int32(k)  # one update per call: the core's own train_many
-        new_state, metrics, *outputs = training_call(self.core)(self._config, agent_state, batch, count)
+        train = training_call(self.core)
+        new_state, metrics, *outputs = train.call_from_host(self._config, agent_state, batch, count)
         spans = placement is not None and placement.process_count > 1
         return new_state, CallResults(
             metrics, tuple(outputs), k, training.commit, placement if spans else None
