@@ -9,7 +9,8 @@ TD-MPC2 on Pendulum-v1 shapes (obs 3, action 1); DreamerV3 on CartPole-like shap
 Discrete 2) with the replay windows of ``profile_update.py``. The trace is written with
 ``jax.profiler`` (Perfetto JSON) under ``--trace-dir`` and summed over ``--calls`` calls; times are
 per call. Op names are XLA's (``dot.12``, ``*_fusion.3``); a fusion is charged to the JAX operation
-of its root, so elementwise work fused into a transpose shows up as "transpose".
+of its root, so elementwise work fused into a transpose shows up as "transpose". The ops are also
+summed by the loop whose body holds them (a scan's forward or backward pass) or outside the loops.
 """
 
 from __future__ import annotations
@@ -89,6 +90,27 @@ def op_metadata(hlo: str) -> tuple[dict[str, str], dict[str, str]]:
     return names, shapes
 
 
+def loop_of_ops(hlo: str) -> dict[str, str]:
+    """HLO instruction name -> the loop whose body holds it ("outside the loops" for the entry
+    computation): a while loop named by its JAX op_name (``jvp()/while``: a forward scan,
+    ``transpose(jvp())/while``: a scan's backward pass) and its body's computation."""
+    bodies: dict[str, str] = {}
+    for m in re.finditer(r"\n\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*while\([^\n]*body=%?([\w.\-]+)[^\n]*", hlo):
+        op = re.search(r'op_name="([^"]*)"', m.group(0))
+        bodies[m.group(2)] = f"{op.group(1) if op else 'while'} ({m.group(2)})"
+    where: dict[str, str] = {}
+    current = ""
+    for line in hlo.splitlines():
+        head = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if head:
+            current = "outside the loops" if head.group(1) else bodies.get(head.group(2), head.group(2))
+            continue
+        inst = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line)
+        if inst:
+            where[inst.group(1)] = current
+    return where
+
+
 def group(op_name: str) -> str:
     parts = op_name.split("/")
     direction = "backward" if any(p.startswith("transpose(") for p in parts) else "forward"
@@ -136,17 +158,24 @@ def main() -> None:
             and not any(r in name for r in RUNTIME_EVENTS)
         ):
             per_op[name] += e["dur"] / 1e3 / args.calls
-    names, shapes = op_metadata(compiled.as_text())
+    hlo = compiled.as_text()
+    names, shapes = op_metadata(hlo)
+    loops = loop_of_ops(hlo)
     kinds: collections.Counter = collections.Counter()
     groups: collections.Counter = collections.Counter()
+    regions: collections.Counter = collections.Counter()
     for op, ms in per_op.items():
         base = op.removeprefix("end: ")
         kinds["dot" if base.startswith("dot") else "fusion" if "fusion" in base else base.split(".")[0]] += ms
         groups[group(names.get(base, base))] += ms
+        regions[loops.get(base, "runtime")] += ms
     print(f"\ntraced ops: {sum(per_op.values()):.1f} ms per call")
     print("\nby kind:")
     for k, ms in kinds.most_common(8):
         print(f"  {ms:8.2f} ms  {k}")
+    print("\nby loop (ops of a loop's body, each step summed):")
+    for k, ms in regions.most_common(6):
+        print(f"  {ms:8.2f} ms  {k[-90:]}")
     print("\nby JAX operation:")
     for k, ms in groups.most_common(args.top):
         print(f"  {ms:8.2f} ms  {k}")
