@@ -218,10 +218,12 @@ def main() -> None:
     backend = "cpu"
     out = args.out or RESULTS / f"distributed_speed_{backend}.jsonl"
     date = datetime.date.today().isoformat()
-    described = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
-    )
-    commit = described.stdout.strip() or None
+
+    def git(*words: str) -> str:
+        return subprocess.run(["git", *words], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    changed = git("status", "--porcelain", "--", ".", ":!benchmarks/results")  # not the rows written
+    commit = (git("rev-parse", "--short", "HEAD") + ("-dirty" if changed else "")) or None
     runs = (
         [(None, args.processes)] * args.rounds
         if args.collectives
