@@ -62,6 +62,23 @@ class Recorder:
         self.writebacks: list[dict[str, Any]] = []
 
 
+class EagerFromStream:
+    """An acting function as the collector calls it (``AgentFunction.from_stream().call_from_host``),
+    run eagerly: its key split from the stream's as the compiled call splits it, the function given the
+    concrete arrays it reads."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def from_stream(self) -> EagerFromStream:
+        return self
+
+    def call_from_host(self, config: Any, *args: Any, **kwargs: Any) -> tuple[Any, jax.Array]:
+        *arguments, stream_key = args
+        next_key, step_key = jax.random.split(stream_key)
+        return self.fn(config, *arguments, step_key, **kwargs), next_key
+
+
 def run_ours(
     monkeypatch: pytest.MonkeyPatch, ref: dict[str, np.ndarray], train_ratio: float, train_fill: int
 ) -> tuple[DreamerV3, Recorder]:
@@ -90,7 +107,7 @@ def run_ours(
         return core.policy_step(config, params, carry, obs, is_first, key, deterministic)
 
     monkeypatch.setattr(core, "_draw_noise", draw_noise)
-    monkeypatch.setattr(core, "policy_step_jit", policy_step)  # eager, so the patched noise is used
+    monkeypatch.setattr(core, "policy_step_jit", EagerFromStream(policy_step))  # the patched noise is used
 
     add_rows, sample, write_back = SequenceReplay.add_rows, SequenceReplay.sample, SequenceReplay.write_back
     ratio_call = RatioSchedule.__call__
