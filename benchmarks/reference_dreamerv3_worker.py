@@ -19,9 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
+
+from worker_protocol import serve
 
 
 def main() -> None:
@@ -107,17 +108,7 @@ def main() -> None:
         ),
         flush=True,
     )
-    for line in sys.stdin:
-        what = line.strip()
-        t = time.perf_counter()
-        if what == "update":
-            update()
-        elif what == "peak_rss_mb":
-            print(json.dumps({what: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
-            continue
-        else:
-            break
-        print(json.dumps({what: time.perf_counter() - t}), flush=True)
+    serve({"update": update})
 
 
 if __name__ == "__main__":

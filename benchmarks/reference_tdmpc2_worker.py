@@ -19,10 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 import types
+
+from worker_protocol import serve
 
 
 def cpu_torch(torch: types.ModuleType) -> types.ModuleType:
@@ -107,19 +108,7 @@ def main() -> None:
         ),
         flush=True,
     )
-    for line in sys.stdin:
-        what = line.strip()
-        t = time.perf_counter()
-        if what == "plan":
-            agent.act(obs, t0=False)
-        elif what == "update":
-            agent.update(buffer)
-        elif what == "peak_rss_mb":
-            print(json.dumps({what: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
-            continue
-        else:
-            break
-        print(json.dumps({what: time.perf_counter() - t}), flush=True)
+    serve({"plan": lambda: agent.act(obs, t0=False), "update": lambda: agent.update(buffer)})
 
 
 if __name__ == "__main__":
