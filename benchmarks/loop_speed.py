@@ -9,17 +9,21 @@
     PYTHONPATH=/tmp/other-checkout python benchmarks/loop_speed.py ...   # another commit, alternating
 
 After a warm-up ``learn`` (every program compiled), each round times a ``learn`` window of
-``--steps`` vector steps, then the same jitted calls alone on the model's own state and inputs: the
+``--steps`` vector steps (the steady loop: from the first step's callback call to the last's, without
+``learn``'s own set-up and end, reported apart as ``learn_rest_ms``), then the same jitted calls
+alone on the model's own state and inputs: the
 acting call and the training call, each waited for (``block_until_ready``) and timed ``--repeats``
 times (medians), as ``tdmpc2_speed.py`` times plan and update. The window's jitted seconds are its
-vector steps times the acting call plus its training calls times the training call; the ratio
+vector steps times the acting call plus its updates times the training call's share per update (a
+call runs as many of its K updates as are owed); the ratio
 ``learn_rate / jitted_rate`` is the share of the calls' own rate that ``learn`` reaches (1.0: the
 loop around them costs nothing, or hides behind them). ``chained`` is a loop of the calls alone
 without the env (training call, acting call, the action fetched), as a loop with no host work
 would run them. Many short rounds alternate learn and calls so that a busy neighbour on the CPU
 affects both alike; the JSON line has every round, the medians over the rounds, ``ratio_all_rounds``
-(every window's jitted seconds over every window's learn seconds), the CPU (model, vector
-extensions), the load average and the date.
+(every window's jitted seconds over every window's learn seconds; ``chained_ratio_all_rounds`` the
+same with the chained loop's seconds), the CPU (model, vector extensions), the load average and the
+date.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+
+from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
 
 from sb3_worldmodels import TDMPC2, DreamerV3  # noqa: E402
 from sb3_worldmodels.blocks.cpu import cpu_info  # noqa: E402
@@ -60,7 +66,7 @@ def build(agent: str, tiny: bool, acting: bool) -> Any:
         return model
     settings = {**DREAMER_SMOKE} if tiny else dict(DREAMER_SETTINGS)
     if acting:
-        settings["learning_starts"] = 10**9  # the policy step every vector step, never an update
+        settings["train_fill"] = 10**9  # the policy acts every vector step, and never trains
     model = DreamerV3("CartPole-v1", n_envs=16, seed=0, **settings)
     model.learn(model.n_envs)
     while not acting and model._n_updates == 0:  # through the first training call (compiles it)
@@ -92,6 +98,8 @@ def agent_calls(model: Any) -> tuple[Any, Any]:
                 cfg, params, roll.carry, obs, roll.pending.is_first, key, deterministic=False
             )
 
+    if model._n_updates == 0:  # the acting path alone
+        return act, None
     batch = pad_updates(model._training_batch(size).batch, size)
     count = None if size == 1 else np.int32(size)
 
@@ -110,48 +118,69 @@ def median_seconds(call: Any, repeats: int) -> float:
     return statistics.median(times)
 
 
-def chained_seconds(model: Any, steps: int, training_calls: int) -> float:
-    """Seconds of ``steps`` acting calls and ``training_calls`` training calls in a loop with no host
-    work besides them: each training call's state feeds the next acting call, each action fetched."""
+def chained_seconds(model: Any, owed: list[int]) -> float:
+    """Seconds of the window's calls in a loop with no host work besides them: per vector step, its
+    ``owed`` updates in training calls as ``learn`` makes them (each call's state feeds the next
+    call), then an acting call whose action is fetched."""
     act, _ = agent_calls(model)
     size = model._updates_per_call
-    batch = pad_updates(model._training_batch(size).batch, size)
     cfg, state = model._config, model.policy.state["agent"]
-    count = None if size == 1 else np.int32(size)
     core = tdmpc2_core if isinstance(model, TDMPC2) else dreamer_core
     train = training_call(core)
-    due = np.linspace(0, training_calls, steps + 1).astype(int)
+    batch = pad_updates(model._training_batch(size).batch, size) if any(owed) else None
     start = time.perf_counter()
-    for i in range(steps):
-        for _ in range(due[i + 1] - due[i]):
-            state = train(cfg, state, batch, count)[0]
+    for updates in owed:
+        for k in training_chunks(updates, size) if updates > 0 else ():
+            state = train(cfg, state, batch, None if size == 1 else np.int32(k))[0]
         np.asarray(act()[0])
     jax.block_until_ready(state)
     return time.perf_counter() - start
 
 
-def learn_window(model: Any, steps: int) -> dict:
-    """``learn`` for ``steps`` vector steps: its seconds, vector steps and training calls."""
-    env, counts = model.get_env(), {"steps": 0, "calls": 0}
-    step_wait, take = env.step_wait, model._take_owed_updates
+class StepClock(BaseCallback):
+    """The time of every vector step's callback call (SB3's ``on_step``, right after the env step)."""
 
-    def counted_step() -> Any:
-        counts["steps"] += 1
-        return step_wait()
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def _on_step(self) -> bool:
+        self.times.append(time.perf_counter())
+        return True
+
+
+def learn_window(model: Any, steps: int) -> dict:
+    """``learn`` for ``steps`` vector steps: the steady loop's seconds (from the first step's callback
+    call to the last's: ``steps - 1`` whole periods of act, env step, records and training, without
+    learn's set-up and end), those vector steps, the updates of each, and the rest of the ``learn``
+    call (its set-up and end)."""
+    clock, taken = StepClock(), []
+    take = model._take_owed_updates
 
     def counted_take() -> int:
         owed = take()
-        counts["calls"] += len(training_chunks(owed, model._updates_per_call)) if owed > 0 else 0
+        taken.append((len(clock.times), owed))  # the training of the step whose callback came last
         return owed
 
-    env.step_wait, model._take_owed_updates = counted_step, counted_take
+    model._take_owed_updates = counted_take
     try:
         start = time.perf_counter()
-        model.learn(steps * model.n_envs, reset_num_timesteps=False)
+        model.learn(steps * model.n_envs, reset_num_timesteps=False, callback=clock)
         seconds = time.perf_counter() - start
     finally:
-        del env.step_wait, model._take_owed_updates  # the objects' own methods again
-    return {"seconds": seconds, **counts}
+        del model._take_owed_updates  # the object's own method again
+    times = clock.times
+    owed = [0] * (len(times) - 1)  # period i: after step i's callback, through step i + 1's
+    for step, count in taken:
+        if 1 <= step < len(times):
+            owed[step - 1] += max(count, 0)
+    steady = times[-1] - times[0]
+    return {
+        "seconds": steady,
+        "steps": len(times) - 1,
+        "owed": owed,
+        "learn_rest_ms": 1000 * (seconds - steady * len(times) / (len(times) - 1)),
+    }
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -160,10 +189,12 @@ def run(args: argparse.Namespace) -> dict:
     for _ in range(args.rounds):
         window = learn_window(model, args.steps)
         act, train = agent_calls(model)
+        updates = sum(window["owed"])
         act_s = median_seconds(act, args.repeats)
-        train_s = median_seconds(train, args.repeats) if window["calls"] else 0.0
-        jitted = window["steps"] * act_s + window["calls"] * train_s
-        chained = chained_seconds(model, window["steps"], window["calls"])
+        train_s = median_seconds(train, args.repeats) if updates and train else 0.0
+        # A call of k of its K updates runs k (its loop's trip count): k / K of a full call.
+        jitted = window["steps"] * act_s + updates * train_s / model._updates_per_call
+        chained = chained_seconds(model, window["owed"])
         rounds.append(
             {
                 "learn_steps_per_s": window["steps"] / window["seconds"],
@@ -172,16 +203,19 @@ def run(args: argparse.Namespace) -> dict:
                 "ratio": jitted / window["seconds"],
                 "act_ms": 1000 * act_s,
                 "train_call_ms": 1000 * train_s,
-                "training_calls": window["calls"],
+                "updates_per_call": model._updates_per_call,
+                "updates": updates,
                 "vector_steps": window["steps"],
                 "host_ms_per_step": 1000 * (window["seconds"] - jitted) / window["steps"],
+                "learn_rest_ms": window["learn_rest_ms"],
             }
         )
     median = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
     # Over every round: the jitted calls' seconds of all windows against learn's seconds of all windows.
     learn_s = sum(r["vector_steps"] / r["learn_steps_per_s"] for r in rounds)
     jitted_s = sum(r["vector_steps"] / r["jitted_steps_per_s"] for r in rounds)
-    overall = {"ratio_all_rounds": jitted_s / learn_s}
+    chained_s = sum(r["vector_steps"] / r["chained_steps_per_s"] for r in rounds)
+    overall = {"ratio_all_rounds": jitted_s / learn_s, "chained_ratio_all_rounds": chained_s / learn_s}
     unit = "agent" if args.agent == "tdmpc2" else "vector"
     if args.agent == "tdmpc2":
         what = "tiny (smoke sizes)" if args.tiny else "size 1"
@@ -220,7 +254,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timings of each call per round")
     args = parser.parse_args()
     slow = args.agent == "dreamerv3" and not (args.tiny or args.acting)
-    args.steps = args.steps or (3 if slow else 25)
+    args.steps = args.steps or (4 if slow else 40)
     args.repeats = args.repeats or (3 if slow else 15)
     print(json.dumps(run(args)), flush=True)
 

@@ -75,6 +75,33 @@ def test_a_call_inside_another_trace_is_inlined():
     assert jax.eval_shape(lambda x: fn(Config(2.0), x), jnp.ones(3)).shape == (3,)
 
 
+def test_from_stream_draws_the_key_a_caller_would_split():
+    """The acting calls draw their key from the collection stream inside their program: the outputs
+    and the stream's next key are those of the eager split before the call, bit for bit, one seed
+    and over seeds."""
+
+    def noisy(config: Config, x, key, shift: float = 0.0):
+        return x * config.scale + jax.random.normal(key, x.shape) + shift
+
+    fn = J.agent_jit(noisy, static_argnames=("shift",))
+    stream = fn.from_stream()
+    assert fn.from_stream() is stream and stream.__name__ == "noisy_from_stream"
+    x, key = jnp.arange(4.0), jax.random.PRNGKey(7)
+    for _ in range(3):
+        (out, following) = stream(Config(2.0), x, key, shift=1.0)
+        expected_key, step_key = jax.random.split(key)
+        assert jnp.array_equal(out, fn(Config(2.0), x, step_key, shift=1.0))
+        assert jnp.array_equal(following, expected_key)
+        key = following
+    keys = jax.random.split(jax.random.PRNGKey(3), 2)
+    outs, following = stream.over_seeds(Config(2.0))(jnp.stack([x, x + 1]), keys, shift=1.0)
+    for i in range(2):
+        expected_key, step_key = jax.random.split(keys[i])
+        assert jnp.array_equal(outs[i], fn(Config(2.0), x + i, step_key, shift=1.0))
+        assert jnp.array_equal(following[i], expected_key)
+    assert jnp.array_equal(fn.call_from_host(Config(2.0), x, key), fn(Config(2.0), x, key))
+
+
 def test_timed_calls_count_the_agent_calls_inside_the_block_and_compilations_name_the_programs():
     fn = J.agent_jit(_chain)
     x, xs = jnp.ones((4, 4)), jnp.ones((2, 4, 4))

@@ -18,6 +18,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_worldmodels import TDMPC2
+from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS
 from tests.probe_envs import ChainEnv
 
@@ -115,3 +116,20 @@ def test_a_run_stopped_at_a_step_drops_that_steps_update():
     assert all(jax.tree_util.tree_leaves(same))
     draws = stopped.replay_buffer.rng.bit_generator.state, ended.replay_buffer.rng.bit_generator.state
     assert draws[0] == draws[1]
+
+
+def test_the_seed_phase_acts_from_the_collection_key_stream():
+    """Every acting call, the seed phase's uniform actions too, takes the next key of the collection
+    stream: ``act_key, step = split(act_key)`` per vector step, as an eager split before the call."""
+    settings = {k: v for k, v in SMOKE_SETTINGS.items() if k != "model_size"}
+    env = make_vec_env(lambda: TimeLimit(ChainEnv(length=100), 7), n_envs=2, seed=0)
+    model = TDMPC2(env, model_size=1, seed_steps=10, seed=0, **settings)
+    key, actions = model.policy.state["act_key"], []
+    collect_act = model._collect_act
+    model._collect_act = lambda obs, starts: actions.append(collect_act(obs, starts)) or actions[-1]
+    model.learn(6)
+    assert len(actions) == 3
+    for action in actions:
+        key, step = jax.random.split(key)
+        assert np.array_equal(action, np.asarray(core.random_actions(step, 2, model._config.action_dim)))
+    assert np.array_equal(np.asarray(model.policy.state["act_key"]), np.asarray(key))

@@ -73,6 +73,7 @@ class EpisodeReplay(ReplayBuffer):
         self._slots = 0
         self._end = 0  # absolute index one past the last stored entry
         self._episodes: deque[tuple[int, int]] = deque()  # (absolute first entry, steps L), oldest first
+        self._table: np.ndarray | None = None  # _episode_table's array of them, until they change
         self._stored_steps = 0
         self._open: list[list[dict[str, np.ndarray]]] = [[] for _ in range(n_envs)]
         self._finished: list[list[dict[str, np.ndarray]]] = []
@@ -105,8 +106,14 @@ class EpisodeReplay(ReplayBuffer):
         return self._stored_steps
 
     def _episode_table(self) -> np.ndarray:
-        """(n, 2) int64: each stored episode's absolute first entry and its steps, oldest first."""
-        return np.asarray(list(self._episodes), np.int64).reshape(-1, 2)
+        """(n, 2) int64: each stored episode's absolute first entry and its steps, oldest first (built
+        once after the stored episodes change, not at every sample: O(episodes) each)."""
+        table = getattr(self, "_table", None)
+        if table is None:
+            table = np.asarray(list(self._episodes), np.int64).reshape(-1, 2)
+            table.setflags(write=False)
+            self._table = table
+        return table
 
     def _start_counts(self, table: np.ndarray) -> np.ndarray:
         return window_start_counts(table[:, 1] + 1, self.window, self.include_last_window)
@@ -173,6 +180,7 @@ class EpisodeReplay(ReplayBuffer):
             )
         if self._data is None:
             self._resize(self._capacity_entries)
+        self._table = None  # the stored episodes change
         while self._stored_steps + steps > self.capacity_steps or (
             self._episodes and self._end + steps + 1 - self._episodes[0][0] > self._slots
         ):
@@ -249,6 +257,7 @@ class EpisodeReplay(ReplayBuffer):
         self._data = read_fields(arrays, self.fields, (slots,)) if slots else None
         self._slots, self._end = slots, end
         self._episodes = deque(map(tuple, episodes.astype(np.int64).tolist()))
+        self._table = None
         self._stored_steps = stored
         self._open = [self._read_entries(arrays, f"running/{i}/", n) for i, n in enumerate(running)]
         self._finished = [
