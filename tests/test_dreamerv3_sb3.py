@@ -348,9 +348,12 @@ def test_split_run_equals_whole_run(tmp_path):
 def test_no_recompilation_after_first_update():
     model = tiny("CartPole-v1")
     model.learn(80)
-    sizes = (training_call(core)._cache_size(), core.policy_step_jit._cache_size())
+    # The collector acts through policy_step with its key drawn from the stream (from_stream()).
+    programs = (training_call(core), core.policy_step_jit, core.policy_step_jit.from_stream())
+    sizes = tuple(program._cache_size() for program in programs)
+    assert sizes[2] > 0
     model.learn(80, reset_num_timesteps=False)
-    assert (training_call(core)._cache_size(), core.policy_step_jit._cache_size()) == sizes
+    assert tuple(program._cache_size() for program in programs) == sizes
 
 
 def test_subproc_and_dict_observations():
