@@ -6,13 +6,16 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from sb3_worldmodels.blocks.host_memory import MALLOC_ENV, users_own_allocator_settings
 
-# A program whose temporaries (two of 40 MB, above glibc's largest mmap threshold) XLA allocates per
-# call; the page faults of each of 20 calls. With the setting the heap grows over the first calls
-# until the freed blocks fit the next call's (about ten calls), then none.
+# A program whose temporaries (two or three of 40 MB, above glibc's largest mmap threshold) XLA allocates
+# per call; the page faults of each of the last 20 of 40 calls. With the setting the heap grows over the
+# first calls until the freed blocks fit the next call's (about ten calls), then almost none: on a busy
+# machine a small allocation of another thread now and then splits a freed block, and the heap grows
+# once more (a call or two of the last 20 fault its temporaries' pages).
 PROGRAM = """
 import resource
 import sb3_worldmodels
@@ -21,31 +24,33 @@ from sb3_worldmodels.blocks import host_memory
 f = jax.jit(lambda x: jnp.cumsum(x * 2.0).sum())
 x = jnp.ones((10_000_000,), jnp.float32)
 faults = []
-for _ in range(20):
+for _ in range(40):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     f(x).block_until_ready()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(host_memory._applied, max(faults[-5:]))
+print(host_memory._applied, " ".join(map(str, faults[-20:])))
 """
 
 
-def page_faults_of_the_last_calls(setting: str | None) -> tuple[str, int]:
+def page_faults_of_the_last_calls(setting: str | None) -> tuple[str, list[int]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
     env.pop(MALLOC_ENV, None)
     env["GLIBC_TUNABLES"] = ""
     if setting is not None:
         env[MALLOC_ENV] = setting
     out = subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, check=True)
-    applied, faults = out.stdout.split()
-    return applied, int(faults)
+    applied, *faults = out.stdout.split()
+    return applied, [int(f) for f in faults]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_the_next_call_reuses_the_freed_temporaries():
-    applied, faults = page_faults_of_the_last_calls(None)
-    assert applied == "True" and faults < 100  # a 40 MB temporary is 9,766 pages
-    applied, faults = page_faults_of_the_last_calls("off")
-    assert applied == "False" and faults > 9_000
+    applied, kept = page_faults_of_the_last_calls(None)
+    assert applied == "True"
+    applied, unmapped = page_faults_of_the_last_calls("off")
+    assert applied == "False"
+    assert min(unmapped) > 9_000  # every call: a 40 MB temporary is 9,766 pages
+    assert np.median(kept) < 100 and sum(kept) < sum(unmapped) / 5, (kept, unmapped)
 
 
 def test_a_process_that_chose_its_allocator_is_left_alone():

@@ -8,7 +8,8 @@ allocator). :func:`keep_freed_memory` sets glibc's ``mallopt`` so that freed mem
 process for the next call: one arena for all threads (``M_ARENA_MAX`` 1; a thread's own arena could
 not hold the block and would map it anyway), no ``mmap`` for large blocks (``M_MMAP_MAX`` 0) and no
 trimming of the heap's free top below 2 GiB (``M_TRIM_THRESHOLD``). The process keeps its peak heap
-resident, as jemalloc's ``retain`` does.
+resident, as jemalloc's ``retain`` does. Unlike jemalloc's, glibc's small allocations may take a piece
+of a freed block, so on a busy machine a call now and then grows the heap again (and faults its pages).
 
 It runs once, when ``sb3_worldmodels`` is imported: threads that already took an arena (JAX's, when
 the process ran JAX programs before the import) keep theirs, so the gain needs the import first.
