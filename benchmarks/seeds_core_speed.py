@@ -7,6 +7,7 @@ single-seed program.
     XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu \
         python benchmarks/seeds_core_speed.py --seeds 4 --seeds 8 --sharded    # 4 CPU devices
     python benchmarks/seeds_core_speed.py --gather-free on --gather-free off   # both forms, side by side
+    python benchmarks/seeds_core_speed.py --agent tdmpc2 --seeds 8 --numerics default --numerics tf32
 
 DreamerV3: one "1m" update at 16 x 64 (CartPole shapes: obs 4, two discrete actions), the group's
 training call of ``blocks.seeds.counted_updates`` with every update counted. TD-MPC2: one size-1
@@ -14,6 +15,10 @@ agent step (Pendulum shapes: obs 3, action 1), a plan for one env per seed and o
 
 ``--sharded`` times each seed count also with its seed axis sharded over the host's devices
 (``blocks.devices.seed_placement``, as a seed group places it), beside the same program on one.
+
+``--numerics`` (repeatable) builds the configs with other numerics (:data:`NUMERICS`: the matmul
+precision or the compute dtype), each row naming its own; e.g. whether TD-MPC2's 8-seed plan is bound
+by float32's matmul passes on a TPU (``--numerics default --numerics tf32``).
 
 ``--gather-free`` (repeatable) builds the programs in the given forms of ``blocks.backend``: "auto"
 (the default: gather-free on every backend but the CPU), "on" or "off"; each row records the form
@@ -46,6 +51,15 @@ from sb3_worldmodels.blocks.cpu import cpu_info  # noqa: E402
 from sb3_worldmodels.blocks.devices import seed_placement  # noqa: E402
 from sb3_worldmodels.blocks.seeds import counted_updates, stack_trees  # noqa: E402
 
+NUMERICS: dict[str, dict[str, str]] = {
+    "default": {},
+    "tf32": {"matmul_precision": "tensorfloat32"},
+    "bf16-matmul": {"matmul_precision": "bfloat16"},
+    "bf16": {"compute_dtype": "bfloat16"},
+    "f32": {"compute_dtype": "float32"},
+}
+"""``--numerics`` names -> config overrides ("default": the config as a user gets it)."""
+
 
 def placed(tree: Any, seeds: int, sharded: bool) -> Any:
     """A pytree of leaves (seeds, ...) on the device, or sharded along the seeds over the devices."""
@@ -59,14 +73,18 @@ def timed_compile(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
     return compiled, time.perf_counter() - start
 
 
-def dreamerv3(seeds: int, sharded: bool = False) -> tuple[Callable[[], dict[str, float]], float]:
+def dreamerv3(
+    seeds: int, sharded: bool = False, overrides: dict | None = None
+) -> tuple[Callable[[], dict[str, float]], float]:
     """One training call of ``seeds`` "1m" agents (16 x 64 each); seeds == 0: the single-seed
     ``train_many_jit``. Returns (a call that runs it once and returns its seconds, compile seconds)."""
     from sb3_worldmodels.dreamerv3 import agent as core
     from sb3_worldmodels.dreamerv3.config import preset
     from sb3_worldmodels.dreamerv3.synthetic import random_batches
 
-    config = preset("1m", obs_dim=4, action_dim=2, discrete=True, batch_size=16, batch_length=64)
+    config = preset(
+        "1m", obs_dim=4, action_dim=2, discrete=True, batch_size=16, batch_length=64, **(overrides or {})
+    )
     rng = np.random.default_rng(0)
 
     def batches() -> dict:
@@ -93,13 +111,15 @@ def dreamerv3(seeds: int, sharded: bool = False) -> tuple[Callable[[], dict[str,
     return call, compile_s
 
 
-def tdmpc2(seeds: int, sharded: bool = False) -> tuple[Callable[[], dict[str, float]], float]:
+def tdmpc2(
+    seeds: int, sharded: bool = False, overrides: dict | None = None
+) -> tuple[Callable[[], dict[str, float]], float]:
     """One agent step of ``seeds`` size-1 agents (a plan for one env each, then one update); seeds ==
     0: the single-seed ``act_jit`` and ``train_many_jit``."""
     from sb3_worldmodels.tdmpc2 import agent as core
     from sb3_worldmodels.tdmpc2.config import preset
 
-    config = preset(1, obs_dim=3, action_dim=1, discount=0.975)
+    config = preset(1, obs_dim=3, action_dim=1, discount=0.975, **(overrides or {}))
     rng = np.random.default_rng(0)
     h, b = config.horizon, config.batch_size
 
@@ -163,6 +183,12 @@ def main() -> None:
         action="append",
         help="the programs' form (blocks.backend), repeatable: every count timed in each (default auto)",
     )
+    parser.add_argument(
+        "--numerics",
+        choices=sorted(NUMERICS),
+        action="append",
+        help="config overrides of the matmul precision or compute dtype, repeatable (default: default)",
+    )
     args = parser.parse_args()
     common = {
         "cpu": cpu_info().describe(),
@@ -173,25 +199,27 @@ def main() -> None:
         "date": datetime.date.today().isoformat(),
     }
     modes = args.gather_free or ["auto"]
+    numerics = args.numerics or ["default"]
     for agent in args.agent or sorted(AGENTS):
         build, what = AGENTS[agent]
         seed_counts = args.seeds or [1, 2, 4, 8]
         # (form, seeds, sharded); seeds 0: the single-seed program
         counts = [(0, False), *((n, False) for n in seed_counts)]
         counts += [(n, True) for n in seed_counts if args.sharded and n > 1]
-        keys = [(mode, n, sharded) for mode in modes for n, sharded in counts]
+        keys = [(mode, num, n, sharded) for mode in modes for num in numerics for n, sharded in counts]
         calls, compiles, forms = {}, {}, {}
         for key in keys:
-            mode, n, sharded = key
+            mode, num, n, sharded = key
             with gather_free_forms(mode):  # the programs are built (and compiled) in this form
-                calls[key], compiles[key] = build(n, sharded)
+                calls[key], compiles[key] = build(n, sharded, NUMERICS[num])
                 forms[key] = gather_free()
-        times: dict[tuple[str, int, bool], list[dict[str, float]]] = {key: [] for key in keys}
+            print(f"compiled {agent} {key}: {compiles[key]:.1f} s", file=sys.stderr, flush=True)
+        times: dict[tuple[str, str, int, bool], list[dict[str, float]]] = {key: [] for key in keys}
         for _ in range(args.repeats):
             for key in keys:
                 times[key].append(calls[key]())
         for key in keys:
-            mode, n, sharded = key
+            mode, num, n, sharded = key
             ms = float(np.median([sum(parts.values()) for parts in times[key]]) * 1e3)
             parts = {
                 f"{part}_ms": round(float(np.median([t[part] for t in times[key]]) * 1e3), 1)
@@ -205,6 +233,8 @@ def main() -> None:
                 "program": program if placement is None else f"{program}, sharded",
                 "gather_free": forms[key],
                 "gather_free_mode": mode,
+                "numerics": num,
+                **NUMERICS[num],
                 "on_devices": 1 if placement is None else len(placement.devices),
                 "seeds": max(n, 1),
                 "ms_per_call": round(ms, 1),

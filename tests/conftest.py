@@ -133,7 +133,7 @@ everything is still tested on every change."""
 
 EXTENDED_TESTS = {
     "test_host_memory.py::test_the_next_call_reuses_the_freed_temporaries": (
-        "two fresh processes of 20 calls with 40 MB temporaries each"
+        "two fresh processes of 40 calls with 40 MB temporaries each"
     ),
     "test_blocks_jit.py::test_the_reference_parity_holds_under_the_cpus_own_choice": (
         "the parity test files run again in a subprocess under the CPU's own compiler options"
@@ -261,6 +261,32 @@ EXTENDED_TESTS = {
     ),
     "test_compute_dtype.py::test_bfloat16_learns_with_finite_losses_and_saves_its_setting": (
         "a bfloat16 learn, save and load of each agent (the bfloat16 and float32 programs compiled)"
+    ),
+    "test_seed_groups.py::test_seed_model_acts_evaluates_and_saves": (
+        "a seed group trained, one seed's model evaluated and saved"
+    ),
+    "test_seed_groups.py::test_a_group_hands_its_lanes_pieces_and_takes_them_back_stacked": (
+        "a seed group's programs compiled and run through learn"
+    ),
+    "test_tdmpc2_multitask_seeds.py::test_a_multitask_group_saves_loads_predicts_and_logs_per_seed": (
+        "a multi-task seed group trained, saved, loaded and logged"
+    ),
+    "test_sb3_drop_in.py::test_save_load[DreamerV3]": (
+        "SB3's save/load test on DreamerV3 (TD-MPC2's stays in the first tier; tests/test_family.py "
+        "saves and loads every agent there)"
+    ),
+    "test_sb3_drop_in.py::test_tdmpc2_learns_on_sb3s_identity_env": "TD-MPC2 learns SB3's identity env",
+    "test_dreamerv3_sb3.py::test_stop_callbacks": (
+        "DreamerV3 stopped by each callback (tests/test_family.py checks False stops for every agent)"
+    ),
+    "test_boundary_fidelity.py::test_deterministic_predict_depends_only_on_its_inputs[dreamerv3]": (
+        "DreamerV3's predict repeated on many inputs (TD-MPC2's stays in the first tier)"
+    ),
+    "test_boundary_fidelity.py::test_dreamerv3_decodes_each_observation_key_with_its_own_layer": (
+        "a DreamerV3 with a dict of observations compiled"
+    ),
+    "test_breaks.py::test_each_tdmpc2_switch_changes_its_term": (
+        "TD-MPC2's update compiled once per break switch (tools/break_one_term.py runs every break)"
     ),
 }
 """Single tests of the second tier: ``file::function`` (every parametrisation) or ``file::function[id]``."""

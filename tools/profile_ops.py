@@ -4,6 +4,7 @@ produced each op (forward or backward), plus the slowest single ops with their s
     python tools/profile_ops.py --agent tdmpc2 --what update --size 1
     python tools/profile_ops.py --agent tdmpc2 --what plan --size 1 --top 30
     python tools/profile_ops.py --agent dreamerv3 --what update        # "1m", 16x64
+    python tools/profile_ops.py --agent tdmpc2 --what plan --seeds 8 --save /tmp/plan8.json
 
 TD-MPC2 on Pendulum-v1 shapes (obs 3, action 1); DreamerV3 on CartPole-like shapes (obs 4,
 Discrete 2) with the replay windows of ``profile_update.py``. The trace is written with
@@ -11,6 +12,12 @@ Discrete 2) with the replay windows of ``profile_update.py``. The trace is writt
 per call. Op names are XLA's (``dot.12``, ``*_fusion.3``); a fusion is charged to the JAX operation
 of its root, so elementwise work fused into a transpose shows up as "transpose". The ops are also
 summed by the loop whose body holds them (a scan's forward or backward pass) or outside the loops.
+
+``--seeds N`` profiles the program of a seed group of N instead (the agent function's
+``over_seeds``; the update as a group's training call, ``blocks.seeds.counted_updates``), with each
+seed's own parameters and inputs. On an accelerator the device's own op events are summed (the
+trace's ``/device:...`` process), on a CPU the host's. ``--save`` writes the per-op times, their JAX
+operations, shapes and loops and the compiled HLO text to a JSON file, to compare two profiles later.
 """
 
 from __future__ import annotations
@@ -33,19 +40,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # profile_update
 
 from sb3_worldmodels.blocks.jit import COMPILER_OPTIONS  # noqa: E402
+from sb3_worldmodels.blocks.seeds import counted_updates, stack_trees  # noqa: E402
 from sb3_worldmodels.tdmpc2 import agent as core  # noqa: E402
 from sb3_worldmodels.tdmpc2.config import preset  # noqa: E402
 
 RUNTIME_EVENTS = ("Execute", "Pjit", "ParseArguments", "CreateOutputs", "Allocate", "Handle inputs")
 
 
-def make_dreamerv3_update():
+def make_dreamerv3_update(seeds: int = 0):
     from profile_update import make_batches
 
     from sb3_worldmodels.dreamerv3 import agent as dreamer
     from sb3_worldmodels.dreamerv3.config import preset as dreamer_preset
 
     config = dreamer_preset("1m", obs_dim=4, action_dim=2, discrete=True, batch_size=16, batch_length=64)
+    if seeds:
+        state = stack_trees([dreamer.init_state(config, jax.random.PRNGKey(s)) for s in range(seeds)])
+        batches = stack_trees([make_batches(config, 1, seed=s) for s in range(seeds)])
+        count = jnp.ones(seeds, jnp.int32)
+        program = counted_updates(dreamer.train_step).over_seeds(config)
+        compiled = program.lower(state, batches, count).compile()
+        return compiled, lambda: compiled(state, batches, count)[0].params
     state = dreamer.init_state(config, jax.random.PRNGKey(0))
     batches = make_batches(config, 1)
     fn = jax.jit(dreamer.train_many, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
@@ -53,30 +68,43 @@ def make_dreamerv3_update():
     return compiled, lambda: compiled(state, batches)[0].params
 
 
-def make_call(what: str, size: int):
+def make_call(what: str, size: int, seeds: int = 0):
     config = preset(size, obs_dim=3, action_dim=1, discount=0.975)
-    state = core.init_state(config, jax.random.PRNGKey(0))
-    rng = np.random.default_rng(0)
     h, b = config.horizon, config.batch_size
-    if what == "update":
+
+    def inputs(seed: int) -> tuple:
+        rng = np.random.default_rng(seed)
+        state = core.init_state(config, jax.random.PRNGKey(seed))
         batch = {
-            "obs": jnp.asarray(rng.normal(size=(1, h + 1, b, 3)), jnp.float32),
-            "action": jnp.asarray(rng.uniform(-1, 1, size=(1, h, b, 1)), jnp.float32),
-            "reward": jnp.asarray(rng.normal(size=(1, h, b)), jnp.float32),
+            "obs": rng.normal(size=(1, h + 1, b, 3)).astype(np.float32),
+            "action": rng.uniform(-1, 1, size=(1, h, b, 1)).astype(np.float32),
+            "reward": rng.normal(size=(1, h, b)).astype(np.float32),
         }
+        plan = (
+            np.zeros((1, 3), np.float32),
+            np.zeros((1, h, 1), np.float32),
+            np.zeros((1,), bool),
+            np.asarray(jax.random.PRNGKey(1 + seed)),
+        )
+        return state, batch, plan
+
+    stacked = stack_trees([inputs(s) for s in range(seeds)]) if seeds else inputs(0)
+    state, batch, plan = jax.device_put(stacked)
+    if what == "update":
+        if seeds:
+            count = jnp.ones(seeds, jnp.int32)
+            fn = counted_updates(core.train_step).over_seeds(config)
+            compiled = fn.lower(state, batch, count).compile()
+            return compiled, lambda: compiled(state, batch, count)[0].params
         fn = jax.jit(core.train_many, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
         compiled = fn.lower(config, state, batch).compile()
         return compiled, lambda: compiled(state, batch)[0].params
-    args = (
-        state.params,
-        jnp.zeros((1, 3), jnp.float32),
-        jnp.zeros((1, h, 1), jnp.float32),
-        jnp.zeros((1,), bool),
-        jax.random.PRNGKey(1),
-    )
+    if seeds:
+        compiled = core.act_jit.over_seeds(config).lower(state.params, *plan).compile()
+        return compiled, lambda: compiled(state.params, *plan)
     fn = jax.jit(core.act, static_argnames=("config", "deterministic"), compiler_options=COMPILER_OPTIONS)
-    compiled = fn.lower(config, *args).compile()
-    return compiled, lambda: compiled(*args)
+    compiled = fn.lower(config, state.params, *plan).compile()
+    return compiled, lambda: compiled(state.params, *plan)
 
 
 def op_metadata(hlo: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -111,6 +139,41 @@ def loop_of_ops(hlo: str) -> dict[str, str]:
     return where
 
 
+def device_ops_thread(events: list[dict]) -> tuple[object, object] | None:
+    """(pid, tid) of an accelerator's op events in a trace ("XLA Ops" of a ``/device:`` process, not
+    the host's ``/host:CPU``), or None on a CPU-only trace."""
+    devices = {
+        e["pid"]
+        for e in events
+        if e.get("ph") == "M"
+        and e.get("name") == "process_name"
+        and "/device:" in str(e.get("args", {}).get("name", ""))
+        and "CPU" not in str(e.get("args", {}).get("name", ""))
+    }
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "thread_name" and e.get("pid") in devices:
+            if e.get("args", {}).get("name") == "XLA Ops":
+                return e["pid"], e["tid"]
+    return None
+
+
+def ops_per_call(events: list[dict], calls: int) -> collections.Counter:
+    """Milliseconds per call of each op: the device's op events on an accelerator, else the host's
+    (the runtime's own events left out)."""
+    device = device_ops_thread(events)
+    per_op: collections.Counter = collections.Counter()
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") != "X" or "dur" not in e or name.startswith("$"):
+            continue
+        if device is not None and (e.get("pid"), e.get("tid")) != device:
+            continue
+        if device is None and any(r in name for r in RUNTIME_EVENTS):
+            continue
+        per_op[name] += e["dur"] / 1e3 / calls
+    return per_op
+
+
 def group(op_name: str) -> str:
     parts = op_name.split("/")
     direction = "backward" if any(p.startswith("transpose(") for p in parts) else "forward"
@@ -124,11 +187,18 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1)
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--seeds", type=int, default=0, help="a seed group's program over this many seeds")
+    parser.add_argument("--save", type=Path, help="write the per-op times and the HLO to this JSON file")
     parser.add_argument("--trace-dir", type=Path, default=Path("/tmp/sb3wm_profile"))
     args = parser.parse_args()
     if args.agent == "dreamerv3" and args.what != "update":
         parser.error("--agent dreamerv3 profiles the update only")
-    compiled, call = make_dreamerv3_update() if args.agent == "dreamerv3" else make_call(args.what, args.size)
+    start = time.perf_counter()
+    if args.agent == "dreamerv3":
+        compiled, call = make_dreamerv3_update(args.seeds)
+    else:
+        compiled, call = make_call(args.what, args.size, args.seeds)
+    compile_s = time.perf_counter() - start
     for _ in range(2):
         jax.block_until_ready(call())
     times = []
@@ -136,9 +206,10 @@ def main() -> None:
         start = time.perf_counter()
         jax.block_until_ready(call())
         times.append(time.perf_counter() - start)
+    label = f"{args.agent} {args.what} size {args.size}" + (f", {args.seeds} seeds" if args.seeds else "")
     print(
-        f"{args.agent} {args.what} size {args.size}: "
-        f"median {np.median(times) * 1e3:.1f} ms over 5 calls (untraced)"
+        f"{label} on {jax.default_backend()}: median {np.median(times) * 1e3:.1f} ms over 5 calls "
+        f"(untraced), compiled in {compile_s:.1f} s"
     )
 
     shutil.rmtree(args.trace_dir, ignore_errors=True)
@@ -148,16 +219,7 @@ def main() -> None:
     path = next(args.trace_dir.rglob("*.trace.json.gz"))
     events = json.load(gzip.open(path))
     events = events["traceEvents"] if isinstance(events, dict) else events
-    per_op: collections.Counter = collections.Counter()
-    for e in events:
-        name = e.get("name", "")
-        if (
-            e.get("ph") == "X"
-            and "dur" in e
-            and not name.startswith("$")
-            and not any(r in name for r in RUNTIME_EVENTS)
-        ):
-            per_op[name] += e["dur"] / 1e3 / args.calls
+    per_op = ops_per_call(events, args.calls)
     hlo = compiled.as_text()
     names, shapes = op_metadata(hlo)
     loops = loop_of_ops(hlo)
@@ -169,6 +231,24 @@ def main() -> None:
         kinds["dot" if base.startswith("dot") else "fusion" if "fusion" in base else base.split(".")[0]] += ms
         groups[group(names.get(base, base))] += ms
         regions[loops.get(base, "runtime")] += ms
+    if args.save:
+        record = {
+            "label": label,
+            "backend": jax.default_backend(),
+            "median_ms": float(np.median(times) * 1e3),
+            "compile_s": compile_s,
+            "ops": {
+                op.removeprefix("end: "): {
+                    "ms": ms,
+                    "jax_op": names.get(op.removeprefix("end: "), ""),
+                    "shape": shapes.get(op.removeprefix("end: "), ""),
+                    "loop": loops.get(op.removeprefix("end: "), "runtime"),
+                }
+                for op, ms in per_op.items()
+            },
+            "hlo": hlo,
+        }
+        args.save.write_text(json.dumps(record))
     print(f"\ntraced ops: {sum(per_op.values()):.1f} ms per call")
     print("\nby kind:")
     for k, ms in kinds.most_common(8):
