@@ -159,7 +159,7 @@ EXTENDED_TESTS = {
         "both cores' image updates compiled over seeds and alone"
     ),
     "test_seeds_core.py::test_a_group_of_seeds_trains_as_each_seed_alone[dreamerv3-vector]": (
-        "DreamerV3's update compiled over seeds and alone (TD-MPC2's stays in the first tier)"
+        "DreamerV3's update compiled over seeds and alone"
     ),
     "test_seeds_core.py::test_settings_per_seed_equal_single_seed_runs_and_every_field_reaches_the_program"
     "[dreamerv3-vector]": (
@@ -284,6 +284,25 @@ EXTENDED_TESTS = {
     ),
     "test_boundary_fidelity.py::test_dreamerv3_decodes_each_observation_key_with_its_own_layer": (
         "a DreamerV3 with a dict of observations compiled"
+    ),
+    "test_dreamerv3_core.py::test_gradient_paths": "gradients of every loss term traced through the update",
+    "test_tdmpc2_sb3.py::test_schedule_counts_seed_updates_then_one_per_step": (
+        "TD-MPC2's schedule counted through learn past its seed phase"
+    ),
+    "test_tdmpc2_multitask.py::test_act_plans_each_env_for_its_own_task": (
+        "a multi-task plan per env compiled"
+    ),
+    "test_sweeps.py::test_the_zoo_fails_a_dead_workers_trial_retries_it_and_keeps_the_budget[journal]": (
+        "rl_zoo3 subprocesses on a journal file (the SQLite study stays in the first tier)"
+    ),
+    "test_sweeps.py::test_the_zoo_fails_a_dead_workers_trial_retries_it_and_keeps_the_budget[postgresql]": (
+        "rl_zoo3 subprocesses on a PostgreSQL server (the SQLite study stays in the first tier)"
+    ),
+    "test_gather_free.py::test_the_gather_free_programs_have_no_gathers_scatters_or_sorts[dreamerv3]": (
+        "DreamerV3's update lowered over seeds and alone (TD-MPC2's stays in the first tier)"
+    ),
+    "test_seeds_core.py::test_a_group_of_seeds_trains_as_each_seed_alone[tdmpc2-vector]": (
+        "TD-MPC2's update compiled over seeds and alone (its plan's equality stays in the first tier)"
     ),
     "test_breaks.py::test_each_tdmpc2_switch_changes_its_term": (
         "TD-MPC2's update compiled once per break switch (tools/break_one_term.py runs every break)"
