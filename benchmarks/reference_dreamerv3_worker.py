@@ -12,6 +12,15 @@ and ``T`` trained steps, as our ``batch_length`` counts them), compute dtype flo
 answers each stdin line ``update`` with the seconds of one ``agent.train(batch, carry)`` (the jitted
 step with the wrapper's bookkeeping, until the new parameters are ready), timed inside this
 process, or ``peak_rss_mb``.
+
+``--platform tpu`` (or ``gpu``) trains on that accelerator, ``--model-size 12m`` builds the "12m" sizes
+(deter 2048, hidden 256, classes 16, units 256, CNN depth 16), and ``--jax-shim`` lets it run on a
+newer JAX than its own (``reference_jax_shim.py``: JAX 0.10.2 with TensorFlow Probability 0.25; on a
+TPU host, which has no other JAX). On an accelerator only one process holds the device: time the
+reference and ours one after the other, each worker answering a list of ``update`` lines, e.g.
+
+    (for i in $(seq 12); do echo update; done) | python benchmarks/reference_dreamerv3_worker.py \
+        --src REF --platform tpu --jax-shim --compute-dtype bfloat16
 """
 
 from __future__ import annotations
@@ -24,6 +33,10 @@ import time
 
 from worker_protocol import serve
 
+SIZES = {"1m": (512, 64, 4, 64, 4), "12m": (2048, 256, 16, 256, 16)}
+"""Model size -> (deter, hidden, classes, units, CNN depth): the reference's configs.yaml:149-177@2411f7d,
+as ``sb3_worldmodels.dreamerv3.config.MODEL_SIZES``."""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -31,23 +44,31 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--batch-length", type=int, default=64, help="trained steps (the context step added)")
     parser.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--platform", default="cpu", choices=["cpu", "gpu", "tpu"])
+    parser.add_argument("--model-size", default="1m", choices=sorted(SIZES))
+    parser.add_argument("--jax-shim", action="store_true", help="run on a newer JAX (reference_jax_shim.py)")
     args = parser.parse_args()
 
+    if args.jax_shim:
+        import reference_jax_shim
+
+        reference_jax_shim.apply()
     sys.path.insert(0, os.path.abspath(args.src))
     import embodied
     import jax
     import numpy as np
     from dreamerv3 import agent as agt
 
+    deter, hidden, classes, units, depth = SIZES[args.model_size]
     config = embodied.Config(agt.Agent.configs["defaults"])
     config = config.update(
         {
-            "dyn.rssm.deter": 512,
-            "dyn.rssm.hidden": 64,
-            "dyn.rssm.classes": 4,
-            r".*\.units": 64,
-            r".*\.depth": 4,
-            "jax.platform": "cpu",
+            "dyn.rssm.deter": deter,
+            "dyn.rssm.hidden": hidden,
+            "dyn.rssm.classes": classes,
+            r".*\.units": units,
+            r".*\.depth": depth,
+            "jax.platform": args.platform,
             "jax.compute_dtype": args.compute_dtype,
             "jax.prealloc": False,
             "batch_size": args.batch_size,
@@ -104,6 +125,9 @@ def main() -> None:
                 "build_s": round(build_s, 2),
                 "jax": jax.__version__,
                 "compute_dtype": args.compute_dtype,
+                "platform": args.platform,
+                "model_size": args.model_size,
+                "device": str(jax.devices()[0].device_kind),
             }
         ),
         flush=True,
