@@ -44,7 +44,15 @@ from sb3_worldmodels.blocks.seeds import counted_updates, stack_trees  # noqa: E
 from sb3_worldmodels.tdmpc2 import agent as core  # noqa: E402
 from sb3_worldmodels.tdmpc2.config import preset  # noqa: E402
 
-RUNTIME_EVENTS = ("Execute", "Pjit", "ParseArguments", "CreateOutputs", "Allocate", "Handle inputs")
+RUNTIME_EVENTS = (
+    "Execute",
+    "Pjit",
+    "ParseArguments",
+    "CreateOutputs",
+    "Allocate",
+    "Handle inputs",
+    "ThreadPool",
+)
 
 
 def make_dreamerv3_update(seeds: int = 0):
@@ -220,7 +228,7 @@ def main() -> None:
     events = json.load(gzip.open(path))
     events = events["traceEvents"] if isinstance(events, dict) else events
     per_op = ops_per_call(events, args.calls)
-    hlo = compiled.as_text()
+    hlo = getattr(compiled, "jitted", compiled).as_text()  # a program over seeds wraps its Compiled
     names, shapes = op_metadata(hlo)
     loops = loop_of_ops(hlo)
     kinds: collections.Counter = collections.Counter()
