@@ -8,6 +8,8 @@ before the reference, in the worker's process only.
   import) registers its own numpy variable type in JAX's type tables at import
   (``internal/backend/jax/ops.py``); tables that JAX 0.10 no longer has are given as empty mappings.
   The reference never creates such variables.
+- ``jax_threefry_partitionable`` off, JAX 0.4.26's default (JAX 0.5 turned it on): the reference
+  draws the same random numbers (its initial parameters, its noise) as under its own JAX.
 
 Tested with JAX 0.10.2 on CPU: the worker builds the "1m" agent (637,514 parameters) and trains.
 """
@@ -46,5 +48,6 @@ def _jit_with_positional_shardings() -> None:
 
 
 def apply() -> None:
+    jax.config.update("jax_threefry_partitionable", False)
     _type_tables()
     _jit_with_positional_shardings()
