@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 from gymnasium.wrappers import TimeLimit
-from stable_baselines3.common.callbacks import CheckpointCallback, EvalCallback
+from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback, EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.logger import KVWriter, Logger
@@ -334,6 +334,33 @@ def test_a_non_finite_update_of_one_seed_stops_the_group_and_keeps_every_seed():
     assert [lane._n_updates for lane in group._lanes] == updates
     for kept, leaf in zip(before, jax.tree_util.tree_leaves(group.policy.state["agent"]), strict=True):
         np.testing.assert_array_equal(kept, np.asarray(leaf))
+
+
+class _UnsettledAtRolloutStart(BaseCallback):
+    """Records, before each step's acting call, whether a training call is waiting to be settled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[bool, int]] = []
+
+    def _on_rollout_start(self) -> None:
+        self.seen.append((self.model._group_unsettled is not None, self.model._n_updates))
+
+    def _on_step(self) -> bool:
+        assert self.model._group_unsettled is None  # the acting call of this step settled it
+        return True
+
+
+def test_a_groups_last_training_call_settles_at_the_next_acting_call():
+    group = tdmpc2_group()
+    watch = _UnsettledAtRolloutStart()
+    group.learn(30, callback=watch)
+    waiting = [n for unsettled, n in watch.seen if unsettled]
+    assert waiting, "no training call was left to settle at the next acting call"
+    # Before the acting call settles it, the waiting call's updates are not counted yet.
+    assert all(n < group._n_updates for n in waiting)
+    assert group._group_unsettled is None  # learn settles the last one before it returns
+    assert group._n_updates == max(lane._n_updates for lane in group._lanes) > 0
 
 
 def test_group_replay_file_holds_every_seed_and_must_fit_the_group(tmp_path):

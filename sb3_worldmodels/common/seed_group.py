@@ -32,10 +32,11 @@ which ``TDMPC2MultiTask``'s offline groups use alone.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -148,6 +149,10 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
     action_repeat: int
     _hand_outs: HandOuts | None  # a group's pieces handed to its lanes (None for a single seed)
     _rates_written: tuple[Any, bytes] | None  # Trainer's
+    _group_unsettled: _GroupCall | None
+    """The group's training call that settles at the next acting call (None: every call settled)."""
+    _learning: bool  # Trainer's
+    _total_timesteps: int  # Trainer's
     _with_learning_rates: Callable[..., Any]  # Trainer's
 
     # ------------------------------------------------------------------ set-up
@@ -356,7 +361,8 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
         outputs, act_keys = first.function.from_stream().over_seeds(self._call_config)(
             first.reads(state["agent"]), *arguments, state["act_key"], **first.static
         )
-        self.policy.state = {**state, "act_key": act_keys}
+        self._settle_training()  # a refused update raises here: this call's outputs are dropped
+        self.policy.state = {**self.policy.state, "act_key": act_keys}
         host = _read_only(jax.device_get(outputs))  # one transfer; each seed's part a view
         per_seed = [tree_slice(host, i) for i in range(self.n_seeds)]
         hand_outs.clear()
@@ -425,9 +431,12 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
 
     # ------------------------------------------------------------------ training
     def train(self, gradient_steps: int, batch_size: int = 0) -> None:
+        """The group's training calls, one program over the seeds (each seed's owed updates, the rest
+        padded); inside ``learn`` the last call settles at the next acting call, as one model's."""
         if self._lanes is None:
             super().train(gradient_steps, batch_size)
             return
+        self._settle_training()
         owed = np.array([lane._take_owed_updates() for lane in self._lanes])
         if owed.max() <= 0:
             return
@@ -435,16 +444,16 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
             for cb in self._wm_callbacks:
                 cb.on_pretrain()
         size = self._lanes[0]._updates_per_call
-        total = int(owed.max())
         progress = self._current_progress_remaining
         rates = np.asarray([float(lane.lr_schedule(progress)) for lane in self._lanes], np.float32)
-        state = self.policy.state
+        kept = self.policy.state["agent"]  # what a refused call leaves
         # (S,) rates: one per seed
-        agent_state = self._with_learning_rates(state["agent"], rates, self._on_devices(rates))
+        agent_state = self._with_learning_rates(kept, rates, self._on_devices(rates))
         train = training_call(self.core).over_seeds(self._call_config)
-        chunks: list[dict[str, np.ndarray]] = []
+        round_ = _GroupRound(owed, float(np.mean(rates)))
+        chunks = training_chunks(int(owed.max()), size)
         done = 0
-        for k in training_chunks(total, size):
+        for i, k in enumerate(chunks):
             counts = np.clip(owed - done, 0, k)
             batches = [
                 lane._training_batch(int(c)) if c else None
@@ -454,23 +463,59 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
             # Host arrays: the call sends each field in one transfer (placed: to each device of the seeds)
             batch, count = self._on_devices((batch, counts.astype(np.int32)))
             new_state, metrics, *outputs = train(agent_state, batch, count)
-            metrics, outputs = jax.device_get((metrics, tuple(outputs)))  # one transfer each
-            metrics = metrics.unpack()
-            self._refuse_non_finite_seeds(metrics, counts, done)
-            agent_state = new_state
-            for i, training in enumerate(batches):
-                if training is not None:
-                    training.commit(*(jax.tree_util.tree_map(lambda x, i=i, c=counts[i]: x[i, :c], outputs)))
-            chunks.append({key: value[:, :k] for key, value in metrics.items()})
-            self.policy.state = {**state, "agent": agent_state}
+            call = _GroupCall(round_, kept, metrics, tuple(outputs), batches, counts, done, k)
+            self.policy.state = {**self.policy.state, "agent": new_state}
+            self._rates_written = (new_state, rates.tobytes())
+            last = i == len(chunks) - 1
+            if last and self._learning and self.num_timesteps < self._total_timesteps:
+                for leaf in jax.tree_util.tree_leaves((metrics, call.outputs)):
+                    if isinstance(leaf, jax.Array) and leaf.is_fully_addressable:
+                        leaf.copy_to_host_async()
+                self._group_unsettled = call
+            else:
+                self._settle_group_call(call)
+            agent_state = kept = new_state
             done += k
-        self._rates_written = (agent_state, rates.tobytes())
-        for lane, c in zip(self._lanes, owed, strict=True):
+
+    def _settle_training(self, refuse: bool = True) -> None:
+        """One model's :meth:`Trainer._settle_training`, for the group's unsettled training call."""
+        if self._lanes is None:
+            super()._settle_training(refuse)
+            return
+        call, self._group_unsettled = self._group_unsettled, None
+        if call is None:
+            return
+        try:
+            self._settle_group_call(call)
+        except FloatingPointError:
+            if refuse:
+                raise
+
+    def _settle_group_call(self, call: _GroupCall) -> None:
+        """Fetch a group's training call, refuse a seed's non-finite update (the state from before the
+        call kept), hand each seed's outputs to its lane, and log the ``train`` once its last call is
+        settled."""
+        assert self._lanes is not None
+        metrics, outputs = jax.device_get((call.metrics, call.outputs))  # one transfer each
+        metrics = metrics.unpack()
+        try:
+            self._refuse_non_finite_seeds(metrics, call.counts, call.done)
+        except FloatingPointError:
+            self.policy.state = {**self.policy.state, "agent": call.before}
+            raise
+        for i, training in enumerate(call.batches):
+            if training is not None:
+                training.commit(*(jax.tree_util.tree_map(lambda x, i=i, c=call.counts[i]: x[i, :c], outputs)))
+        round_ = call.round
+        round_.metrics.append({key: value[:, : call.k] for key, value in metrics.items()})
+        if call.done + call.k < int(round_.owed.max()):
+            return
+        for lane, c in zip(self._lanes, round_.owed, strict=True):
             lane._n_updates += int(c)
-        self._n_updates += total
+        self._n_updates += int(round_.owed.max())
         # Seed i's updates are the first owed[i] of each row (a seed's updates come before its padding).
-        stacked = {key: np.concatenate([m[key] for m in chunks], axis=1) for key in chunks[0]}
-        self._log_group_metrics(stacked, owed, float(np.mean(rates)))
+        stacked = {key: np.concatenate([m[key] for m in round_.metrics], axis=1) for key in round_.metrics[0]}
+        self._log_group_metrics(stacked, round_.owed, round_.lr)
 
     def _refuse_non_finite_seeds(self, metrics: dict[str, np.ndarray], counts: np.ndarray, done: int) -> None:
         """Refuse a call where a seed's update (one of the first ``counts[i]`` of its row of the (S, K)
@@ -536,6 +581,29 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
             if returns:
                 self.logger.record("rollout/ep_rew_iqm", interquartile_mean(returns))
         super().dump_logs()
+
+
+@dataclasses.dataclass
+class _GroupRound:
+    """The calls of one group ``train``: each seed's owed updates, the mean learning rate, each settled
+    call's metrics {key: (S, k)}."""
+
+    owed: np.ndarray
+    lr: float
+    metrics: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+
+
+class _GroupCall(NamedTuple):
+    """A group's training call dispatched and not yet checked."""
+
+    round: _GroupRound
+    before: Any  # the agent state before the call: kept when one of its updates is refused
+    metrics: Any  # PackedMetrics with a leading seed axis, on the device
+    outputs: tuple[Any, ...]
+    batches: list[Any]  # each seed's training batch (None: no update owed), committed once checked
+    counts: np.ndarray  # (S,) the updates each seed ran
+    done: int  # the updates of the same ``train`` before it
+    k: int
 
 
 def _update_means(metrics: dict[str, np.ndarray], owed: np.ndarray) -> list[dict[str, float]]:
