@@ -344,10 +344,10 @@ class _UnsettledAtRolloutStart(BaseCallback):
         self.seen: list[tuple[bool, int]] = []
 
     def _on_rollout_start(self) -> None:
-        self.seen.append((self.model._group_unsettled is not None, self.model._n_updates))
+        self.seen.append((self.model._unsettled is not None, self.model._n_updates))
 
     def _on_step(self) -> bool:
-        assert self.model._group_unsettled is None  # the acting call of this step settled it
+        assert self.model._unsettled is None  # the acting call of this step settled it
         return True
 
 
@@ -359,7 +359,7 @@ def test_a_groups_last_training_call_settles_at_the_next_acting_call():
     assert waiting, "no training call was left to settle at the next acting call"
     # Before the acting call settles it, the waiting call's updates are not counted yet.
     assert all(n < group._n_updates for n in waiting)
-    assert group._group_unsettled is None  # learn settles the last one before it returns
+    assert group._unsettled is None  # learn settles the last one before it returns
     assert group._n_updates == max(lane._n_updates for lane in group._lanes) > 0
 
 

@@ -249,7 +249,6 @@ class WorldModelAlgorithm(
         self._hand_outs = None if self._lanes is None else HandOuts()
         self._rates_written = None
         self._unsettled = None
-        self._group_unsettled = None
         self._staged = None
         self._learning = False
         if not hasattr(self, "_owed_updates"):
@@ -297,7 +296,6 @@ class WorldModelAlgorithm(
             "_hand_outs",
             "_rates_written",
             "_unsettled",
-            "_group_unsettled",
             "_staged",
             "_learning",
             "_placement",

@@ -149,8 +149,7 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
     action_repeat: int
     _hand_outs: HandOuts | None  # a group's pieces handed to its lanes (None for a single seed)
     _rates_written: tuple[Any, bytes] | None  # Trainer's
-    _group_unsettled: _GroupCall | None
-    """The group's training call that settles at the next acting call (None: every call settled)."""
+    _unsettled: Any  # Trainer's: for a group, its call that settles at the next acting call
     _learning: bool  # Trainer's
     _total_timesteps: int  # Trainer's
     _with_learning_rates: Callable[..., Any]  # Trainer's
@@ -471,25 +470,18 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
                 for leaf in jax.tree_util.tree_leaves((metrics, call.outputs)):
                     if isinstance(leaf, jax.Array) and leaf.is_fully_addressable:
                         leaf.copy_to_host_async()
-                self._group_unsettled = call
+                self._unsettled = call
             else:
                 self._settle_group_call(call)
             agent_state = kept = new_state
             done += k
 
-    def _settle_training(self, refuse: bool = True) -> None:
-        """One model's :meth:`Trainer._settle_training`, for the group's unsettled training call."""
-        if self._lanes is None:
-            super()._settle_training(refuse)
-            return
-        call, self._group_unsettled = self._group_unsettled, None
-        if call is None:
-            return
-        try:
-            self._settle_group_call(call)
-        except FloatingPointError:
-            if refuse:
-                raise
+    def _settle(self, unsettled: Any) -> None:
+        """:meth:`Trainer._settle` of one model's call, or of a group's (:class:`_GroupCall`)."""
+        if isinstance(unsettled, _GroupCall):
+            self._settle_group_call(unsettled)
+        else:
+            super()._settle(unsettled)  # type: ignore[misc]
 
     def _settle_group_call(self, call: _GroupCall) -> None:
         """Fetch a group's training call, refuse a seed's non-finite update (the state from before the

@@ -192,8 +192,9 @@ class Trainer(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
     under ``jax.distributed``, over every process's devices."""
     _rates_written: tuple[Any, bytes] | None
     """(the agent state the last training call returned, the learning rates it holds as bytes)."""
-    _unsettled: _Unsettled | None
-    """The training call that settles at the next acting call (None: every call settled)."""
+    _unsettled: Any
+    """The training call that settles at the next acting call (an ``_Unsettled``; a seed group's
+    ``_GroupCall``, which the group settles), None when every call is settled."""
     _staged: _Staged | None
     """The training call dispatched before the current step's env step (None: none)."""
     _learning: bool
