@@ -7,11 +7,13 @@ produced each op (forward or backward), plus the slowest single ops with their s
     python tools/profile_ops.py --agent tdmpc2 --what plan --seeds 8 --save /tmp/plan8.json
 
 TD-MPC2 on Pendulum-v1 shapes (obs 3, action 1); DreamerV3 on CartPole-like shapes (obs 4,
-Discrete 2) with the replay windows of ``profile_update.py``. The trace is written with
-``jax.profiler`` (Perfetto JSON) under ``--trace-dir`` and summed over ``--calls`` calls; times are
-per call. Op names are XLA's (``dot.12``, ``*_fusion.3``); a fusion is charged to the JAX operation
-of its root, so elementwise work fused into a transpose shows up as "transpose". The ops are also
-summed by the loop whose body holds them (a scan's forward or backward pass) or outside the loops.
+Discrete 2) with the replay windows of ``profile_update.py``. The programs are the agents' own
+(``for_config`` / ``over_seeds``: the config's ``matmul_precision`` pinned, the package's compiler
+options). The trace is written with ``jax.profiler`` (Perfetto JSON) under ``--trace-dir`` and summed
+over ``--calls`` calls; times are per call. Op names are XLA's (``dot.12``, ``*_fusion.3``); a fusion
+is charged to the JAX operation of its root, so elementwise work fused into a transpose shows up as
+"transpose". The ops are also summed by the loop whose body holds them (a scan's forward or backward
+pass) or outside the loops.
 
 ``--seeds N`` profiles the program of a seed group of N instead (the agent function's
 ``over_seeds``; the update as a group's training call, ``blocks.seeds.counted_updates``), with each
@@ -39,7 +41,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # profile_update
 
-from sb3_worldmodels.blocks.jit import COMPILER_OPTIONS  # noqa: E402
 from sb3_worldmodels.blocks.seeds import counted_updates, stack_trees  # noqa: E402
 from sb3_worldmodels.tdmpc2 import agent as core  # noqa: E402
 from sb3_worldmodels.tdmpc2.config import preset  # noqa: E402
@@ -71,8 +72,7 @@ def make_dreamerv3_update(seeds: int = 0):
         return compiled, lambda: compiled(state, batches, count)[0].params
     state = dreamer.init_state(config, jax.random.PRNGKey(0))
     batches = make_batches(config, 1)
-    fn = jax.jit(dreamer.train_many, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
-    compiled = fn.lower(config, state, batches).compile()
+    compiled = dreamer.train_many_jit.for_config(config).lower(state, batches).compile()
     return compiled, lambda: compiled(state, batches)[0].params
 
 
@@ -104,14 +104,12 @@ def make_call(what: str, size: int, seeds: int = 0):
             fn = counted_updates(core.train_step).over_seeds(config)
             compiled = fn.lower(state, batch, count).compile()
             return compiled, lambda: compiled(state, batch, count)[0].params
-        fn = jax.jit(core.train_many, static_argnames=("config",), compiler_options=COMPILER_OPTIONS)
-        compiled = fn.lower(config, state, batch).compile()
+        compiled = core.train_many_jit.for_config(config).lower(state, batch).compile()
         return compiled, lambda: compiled(state, batch)[0].params
     if seeds:
         compiled = core.act_jit.over_seeds(config).lower(state.params, *plan).compile()
         return compiled, lambda: compiled(state.params, *plan)
-    fn = jax.jit(core.act, static_argnames=("config", "deterministic"), compiler_options=COMPILER_OPTIONS)
-    compiled = fn.lower(config, state.params, *plan).compile()
+    compiled = core.act_jit.for_config(config).lower(state.params, *plan).compile()
     return compiled, lambda: compiled(state.params, *plan)
 
 
