@@ -1,6 +1,7 @@
 """The loop around the jitted calls: ``learn``'s rate against the rate of its jitted calls alone.
 
     python benchmarks/loop_speed.py --agent tdmpc2                 # size 1, Pendulum-v1, 1 env
+    python benchmarks/loop_speed.py --agent tdmpc2 --size 5        # TD-MPC2's size 5 (or 19, 48, 317)
     python benchmarks/loop_speed.py --agent tdmpc2 --tiny          # the smoke sizes: calls of ~1 ms,
                                                                   # the loop's own cost in the open
     python benchmarks/loop_speed.py --agent dreamerv3              # "1m", CartPole-v1, 16 envs, 16x64,
@@ -57,10 +58,10 @@ TDMPC2_SETTINGS = dict(model_size=1, seed_steps=250)
 DREAMER_SETTINGS = dict(model_size="1m", batch_size=16, batch_length=64, train_ratio=512)
 
 
-def build(agent: str, tiny: bool, acting: bool) -> Any:
+def build(agent: str, tiny: bool, acting: bool, size: int = 1) -> Any:
     """The model after a warm-up ``learn`` that compiled its acting and training calls."""
     if agent == "tdmpc2":
-        settings = {**TDMPC2_SMOKE, "seed_steps": 250} if tiny else dict(TDMPC2_SETTINGS)
+        settings = {**TDMPC2_SMOKE, "seed_steps": 250} if tiny else {**TDMPC2_SETTINGS, "model_size": size}
         model = TDMPC2("Pendulum-v1", seed=0, **settings)
         model.learn(settings["seed_steps"] + 200 + 2)  # an episode has ended: plans and updates compiled
         return model
@@ -184,7 +185,7 @@ def learn_window(model: Any, steps: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    model = build(args.agent, args.tiny, args.acting)
+    model = build(args.agent, args.tiny, args.acting, args.size)
     rounds = []
     for _ in range(args.rounds):
         window = learn_window(model, args.steps)
@@ -218,7 +219,7 @@ def run(args: argparse.Namespace) -> dict:
     overall = {"ratio_all_rounds": jitted_s / learn_s, "chained_ratio_all_rounds": chained_s / learn_s}
     unit = "agent" if args.agent == "tdmpc2" else "vector"
     if args.agent == "tdmpc2":
-        what = "tiny (smoke sizes)" if args.tiny else "size 1"
+        what = "tiny (smoke sizes)" if args.tiny else f"size {args.size}"
         settings = f"{what}, Pendulum-v1, 1 env"
     else:
         what = "smoke sizes" if args.tiny else '"1m" 16x64 ratio 512'
@@ -249,6 +250,7 @@ def main() -> None:
         "--tiny", action="store_true", help="the smoke sizes: the loop's own cost in the open"
     )
     parser.add_argument("--acting", action="store_true", help="DreamerV3: the acting path alone, no updates")
+    parser.add_argument("--size", type=int, default=1, help="TD-MPC2's model size (1, 5, 19, 48, 317)")
     parser.add_argument("--steps", type=int, default=None, help="vector steps per learn window")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=None, help="timings of each call per round")

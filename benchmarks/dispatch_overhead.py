@@ -1,0 +1,92 @@
+"""What a jitted call costs per array it takes and returns: the same bytes split into more or fewer
+arrays, on the backend JAX picks.
+
+    python benchmarks/dispatch_overhead.py                  # 16 MB (TD-MPC2 size 1's state)
+    python benchmarks/dispatch_overhead.py --megabytes 71   # size 5's
+
+An agent's training call takes its whole state (parameters, optimiser moments, target networks,
+normalisers, keys: 170 arrays for TD-MPC2) and returns the new one. On an accelerator a call whose
+device work is a fraction of a millisecond can still take milliseconds if each argument and result
+costs the runtime something. Three programs over N float32 arrays of ``--megabytes`` in all, each
+timed ``--repeats`` times (median, waited for), for N in ``--arrays``:
+
+- ``update``: every array + 1, the inputs donated (an update's shape: state in, state out);
+- ``read``: the sum of every array's first element, one scalar out (arguments alone);
+- ``fresh``: N arrays of zeros out, no arguments (results alone).
+
+One JSON line per (program, N): milliseconds median and min, and microseconds per array beyond the
+one-array call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+
+def timed(fn, args: tuple, repeats: int, chain: bool = False) -> list[float]:  # noqa: ANN001
+    """Seconds of ``repeats`` calls of ``fn(*args)``, each waited for; ``chain``: each call takes the
+    previous call's result (its inputs donated)."""
+    out = fn(*args)
+    jax.block_until_ready(out)
+    times = []
+    for _ in range(repeats):
+        args = (out,) if chain else args
+        start = time.perf_counter()
+        out = fn(*args)
+        jax.block_until_ready(out)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def arrays(n: int, total_floats: int) -> list[jax.Array]:
+    size = max(1, total_floats // n)
+    return [jnp.zeros((size,), jnp.float32) + i for i in range(n)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--megabytes", type=float, default=16.0)
+    parser.add_argument("--arrays", type=int, nargs="+", default=[1, 10, 50, 170, 500])
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args()
+    total = int(args.megabytes * 1e6 / 4)
+    rows = []
+    for n in args.arrays:
+        size = max(1, total // n)
+        update = jax.jit(lambda xs: [x + 1.0 for x in xs], donate_argnums=0)
+        read = jax.jit(lambda xs: sum(x[0] for x in xs))
+        fresh = jax.jit(lambda n=n, size=size: [jnp.zeros((size,), jnp.float32) for _ in range(n)])
+        state = arrays(n, total)
+        jax.block_until_ready(state)
+        timings = {
+            "update": timed(update, (arrays(n, total),), args.repeats, chain=True),
+            "read": timed(read, (state,), args.repeats),
+            "fresh": timed(fresh, (), args.repeats),
+        }
+        for name, times in timings.items():
+            ms = [1e3 * t for t in times]
+            rows.append({"program": name, "arrays": n, "ms_median": statistics.median(ms), "ms_min": min(ms)})
+    base = {r["program"]: r["ms_median"] for r in rows if r["arrays"] == min(args.arrays)}
+    for r in rows:
+        extra = r["arrays"] - min(args.arrays)
+        r["us_per_array"] = round(1e3 * (r["ms_median"] - base[r["program"]]) / extra, 2) if extra else None
+        r["ms_median"], r["ms_min"] = round(r["ms_median"], 3), round(r["ms_min"], 3)
+        r.update(
+            megabytes=args.megabytes,
+            backend=jax.default_backend(),
+            device=str(jax.devices()[0].device_kind),
+            jax=jax.__version__,
+            date=datetime.date.today().isoformat(),
+        )
+        print(json.dumps(r), flush=True)
+
+
+if __name__ == "__main__":
+    main()
