@@ -15,7 +15,9 @@ timed ``--repeats`` times (median, waited for), for N in ``--arrays``:
 - ``fresh``: N arrays of zeros out, no arguments (results alone).
 
 One JSON line per (program, N): milliseconds median and min, and microseconds per array beyond the
-one-array call.
+one-array call. Then ``chain``: one array through K dependent small matmuls (128 x 128, float32, which
+XLA cannot fuse into one op) in one program, for K in ``--chain``: what each op of a program costs
+beyond its arithmetic (microseconds per op beyond K = 1).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def main() -> None:
     parser.add_argument("--megabytes", type=float, default=16.0)
     parser.add_argument("--arrays", type=int, nargs="+", default=[1, 10, 50, 170, 500])
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--chain", type=int, nargs="+", default=[1, 100, 800])
     args = parser.parse_args()
     total = int(args.megabytes * 1e6 / 4)
     rows = []
@@ -73,10 +76,26 @@ def main() -> None:
         for name, times in timings.items():
             ms = [1e3 * t for t in times]
             rows.append({"program": name, "arrays": n, "ms_median": statistics.median(ms), "ms_min": min(ms)})
-    base = {r["program"]: r["ms_median"] for r in rows if r["arrays"] == min(args.arrays)}
+    for k in args.chain:
+        weight = jnp.eye(128, dtype=jnp.float32) * 0.5
+
+        def chain(x: jax.Array, k: int = k, weight: jax.Array = weight) -> jax.Array:
+            for _ in range(k):
+                x = jnp.tanh(x @ weight)
+            return x
+
+        ms = [1e3 * t for t in timed(jax.jit(chain), (jnp.ones((128, 128), jnp.float32),), args.repeats)]
+        rows.append({"program": "chain", "arrays": k, "ms_median": statistics.median(ms), "ms_min": min(ms)})
+    smallest = {"chain": min(args.chain)}
+    base = {
+        r["program"]: r["ms_median"]
+        for r in rows
+        if r["arrays"] == smallest.get(r["program"], min(args.arrays))
+    }
     for r in rows:
-        extra = r["arrays"] - min(args.arrays)
-        r["us_per_array"] = round(1e3 * (r["ms_median"] - base[r["program"]]) / extra, 2) if extra else None
+        extra = r["arrays"] - smallest.get(r["program"], min(args.arrays))
+        per = "us_per_op" if r["program"] == "chain" else "us_per_array"
+        r[per] = round(1e3 * (r["ms_median"] - base[r["program"]]) / extra, 2) if extra else None
         r["ms_median"], r["ms_min"] = round(r["ms_median"], 3), round(r["ms_min"], 3)
         r.update(
             megabytes=args.megabytes,
