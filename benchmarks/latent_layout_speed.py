@@ -10,8 +10,10 @@ unimixed log-probabilities (1% uniform, nets.py:207-220@2411f7d) -> a straight-t
 by Gumbel-max with noise drawn before the scan, as ``sample_update_noise`` draws it. Rows N = 1024
 (16 x 64), H = 15 steps, the compute dtype bfloat16. Layouts:
 
-- ``grouped``: the latent as (N, S, C), the package's form: logits reshaped to (N, S, C), noise
-  (H, N, S, C), the sample flattened for the next matmul;
+- ``grouped``: the latent as (N, S, C): logits reshaped to (N, S, C), noise (H, N, S, C), the sample
+  carried as (N, S, C) and flattened for the next matmul;
+- ``package``: as ``grouped`` with the noise entering the scan flat, (H, N, S*C), and reshaped per
+  step (the package's form, ``rollouts._flat_latent``);
 - ``flat``: the latent and the noise as (N, S*C), reshaped to (N, S, C) only inside the per-class
   reductions;
 - ``class_major``: (N, C*S), column c*S + s holding class c of variable s (the logit layer's
@@ -46,12 +48,11 @@ def unimix_logprobs(logits: jax.Array, axis: int = -1) -> jax.Array:
 
 
 def grouped_sample(logits_flat: jax.Array, gumbel: jax.Array, s: int, c: int) -> tuple[jax.Array, jax.Array]:
-    """(N, S*C) logits, (N, S, C) noise -> ((N, S, C) log-probs, (N, S*C) straight-through sample)."""
+    """(N, S*C) logits, (N, S, C) noise -> ((N, S, C) log-probs, (N, S, C) straight-through sample)."""
     logp = unimix_logprobs(logits_flat.reshape(-1, s, c))
     onehot = jax.nn.one_hot(jnp.argmax(logp + gumbel, -1), c, dtype=jnp.float32)
     probs = jnp.exp(logp)
-    sample = onehot + probs - jax.lax.stop_gradient(probs)
-    return logp, sample.reshape(-1, s * c)
+    return logp, onehot + probs - jax.lax.stop_gradient(probs)
 
 
 def flat_sample(logits_flat: jax.Array, gumbel: jax.Array, s: int, c: int) -> tuple[jax.Array, jax.Array]:
@@ -87,7 +88,18 @@ def class_major_sample(
     return logp, onehot + probs - jax.lax.stop_gradient(probs)
 
 
-SAMPLERS = {"grouped": grouped_sample, "flat": flat_sample, "class_major": class_major_sample}
+def package_sample(logits_flat: jax.Array, gumbel: jax.Array, s: int, c: int) -> tuple[jax.Array, jax.Array]:
+    """:func:`grouped_sample` with (N, S*C) noise reshaped here."""
+    return grouped_sample(logits_flat, gumbel.reshape(-1, s, c), s, c)
+
+
+SAMPLERS = {
+    "grouped": grouped_sample,
+    "package": package_sample,
+    "flat": flat_sample,
+    "class_major": class_major_sample,
+}
+GROUPED_CARRY = ("grouped", "package")
 
 
 def make_params(key: jax.Array, deter: int, hidden: int, s: int, c: int) -> dict:
@@ -119,7 +131,7 @@ def rollout(layout: str, params: dict, deter0: jax.Array, noise: jax.Array, s: i
 
     def step(carry, gumbel):
         deter, stoch = carry
-        feat = jnp.concatenate([deter, stoch], -1)
+        feat = jnp.concatenate([deter, stoch.reshape(stoch.shape[0], -1)], -1)
         hidden = jax.nn.silu(feat @ w_in)
         deter = jnp.tanh(hidden @ w_deter)
         logits = (deter @ w_logits).astype(jnp.float32)
@@ -127,7 +139,8 @@ def rollout(layout: str, params: dict, deter0: jax.Array, noise: jax.Array, s: i
         return (deter, sample.astype(dtype)), (feat, logp.astype(dtype))
 
     n = deter0.shape[0]
-    carry = (deter0.astype(dtype), jnp.zeros((n, s * c), dtype))
+    stoch_shape = (n, s, c) if layout in GROUPED_CARRY else (n, s * c)
+    carry = (deter0.astype(dtype), jnp.zeros(stoch_shape, dtype))
     _, outs = jax.lax.scan(step, carry, noise)
     return outs
 
@@ -194,13 +207,14 @@ def time_layout(layout: str, mode: str, seeds: int, args: argparse.Namespace) ->
 
 
 def check_equal(args: argparse.Namespace) -> None:
-    """The class-major and flat rollouts equal the grouped one (outputs permuted back)."""
+    """The other rollouts equal the grouped one (class-major outputs permuted back)."""
     s, c = args.stoch, args.classes
     params = make_params(jax.random.PRNGKey(1), args.deter, args.hidden, s, c)
     deter0 = jax.random.normal(jax.random.PRNGKey(2), (64, args.deter))
     key = jax.random.PRNGKey(3)
     ref = rollout("grouped", params, deter0, noise_for("grouped", key, 3, 64, s, c), s, c)
     flat = rollout("flat", params, deter0, noise_for("flat", key, 3, 64, s, c), s, c)
+    package = rollout("package", params, deter0, noise_for("package", key, 3, 64, s, c), s, c)
     cm = rollout(
         "class_major",
         to_class_major(params, args.deter, s, c),
@@ -210,7 +224,7 @@ def check_equal(args: argparse.Namespace) -> None:
         c,
     )
     back = np.argsort(class_major_order(s, c))
-    for name, (feat, logp) in (("flat", flat), ("class_major", cm)):
+    for name, (feat, logp) in (("flat", flat), ("package", package), ("class_major", cm)):
         if name == "class_major":
             rows = np.concatenate([np.arange(args.deter), args.deter + back])
             feat, logp = feat[..., rows], logp[..., back]
