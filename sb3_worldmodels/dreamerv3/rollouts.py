@@ -29,7 +29,6 @@ from sb3_worldmodels.blocks.math import symexp_bins, twohot_mean
 from sb3_worldmodels.blocks.random import gumbel_and_normal_noise
 from sb3_worldmodels.dreamerv3 import networks as N
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config
-from sb3_worldmodels.dreamerv3.networks import features
 
 Array = jax.Array
 sg = jax.lax.stop_gradient
@@ -171,13 +170,14 @@ def _draw_noise(config: DreamerV3Config, key: Array, shapes: dict[str, tuple[int
     return gumbel_and_normal_noise(key, shapes, normal=() if config.discrete else ("action",))
 
 
-def _flat_latent(noise: Array) -> Array:
-    """(..., S, C) → (..., S·C): a latent's noise enters a scan flat and is reshaped per step inside it.
+def _flat_latent(x: Array) -> Array:
+    """(..., S, C) → (..., S·C): a latent or its noise as a scan carries or takes it, reshaped per
+    step where the classes are reduced.
 
     On a TPU an array whose last axis is C (4 classes for "1m") is stored padded or relaid; the whole
     (H, N, S, C) noise relaid before the scan cost more than the scan's own matmuls in the 8-seed
     update's profile. The same numbers either way."""
-    return noise.reshape(*noise.shape[:-2], -1)
+    return x.reshape(*x.shape[:-2], -1)
 
 
 def sample_update_noise(config: DreamerV3Config, key: Array, batch_size: int, length: int) -> UpdateNoise:
@@ -292,9 +292,9 @@ def imagine(
     nets = {"actor": params["actor"], **frozen}
 
     def step(carry: tuple[Array, ...], xs: tuple[Array, Array]) -> tuple[tuple, tuple]:
-        deter, blocks, stoch = carry
+        deter, blocks, stoch = carry  # stoch flat, (N, S·C): the features' and the GRU's input as it is
         latent_noise, action_noise = xs
-        feat = features(deter, stoch)
+        feat = jnp.concatenate([deter, stoch], -1)
         out = N.heads(config, nets, feat)
         dist = actor_dist(config, *out["actor"])
         action = _sample_no_grad(config, dist, action_noise).astype(config.dtype)
@@ -304,11 +304,11 @@ def imagine(
             outs = (slow, rew, con, twohot_mean(slow, bins), twohot_mean(rew, bins), jax.nn.sigmoid(con))  # type: ignore[assignment]
         deter, blocks = N.rssm_step(config, dyn, prep, deter, blocks, stoch, action)
         logits = N.rssm_prior(config, dyn, deter)
-        stoch = sample_latent(config, logits, latent_noise.reshape(logits.shape))
+        stoch = _flat_latent(sample_latent(config, logits, latent_noise.reshape(logits.shape)))
         return (deter, blocks, stoch), (feat, action, logits, *outs)
 
     deter, stoch = sg(deter).astype(config.dtype), sg(stoch).astype(config.dtype)
-    carry = (deter, N.to_blocks(config, deter), stoch)
+    carry = (deter, N.to_blocks(config, deter), _flat_latent(stoch))
     xs = (_flat_latent(noise.imag_stoch), noise.imag_action[:-1])
     (deter, _, stoch), outs = jax.lax.scan(step, carry, xs)
-    return _Imagined(*outs, last=features(deter, stoch))  # type: ignore[misc]
+    return _Imagined(*outs, last=jnp.concatenate([deter, stoch], -1))  # type: ignore[misc]
