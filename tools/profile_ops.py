@@ -180,6 +180,43 @@ def ops_per_call(events: list[dict], calls: int) -> collections.Counter:
     return per_op
 
 
+def device_spans(events: list[dict], calls: int) -> list[float] | None:
+    """Milliseconds from each call's first device op to its last (the ops split into ``calls`` runs at
+    their largest gaps); None on a CPU-only trace. Against the ops' own time, the span says how long the
+    device waited between its ops; against the call's time, how long the host took around them."""
+    device = device_ops_thread(events)
+    if device is None:
+        return None
+    ops = sorted(
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("ph") == "X" and "dur" in e and (e.get("pid"), e.get("tid")) == device
+    )
+    if not ops:
+        return None
+    gaps = sorted(range(1, len(ops)), key=lambda i: ops[i][0] - ops[i - 1][1])[len(ops) - calls :]
+    cuts = [0, *sorted(gaps), len(ops)]
+    return [
+        (max(end for _, end in ops[a:b]) - ops[a][0]) / 1e3
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+        if b > a
+    ]
+
+
+def host_events(events: list[dict], calls: int) -> collections.Counter:
+    """Milliseconds per call of each event off the device's op thread (the host's runtime: argument
+    handling, execution, output creation), on an accelerator; empty on a CPU-only trace."""
+    device = device_ops_thread(events)
+    if device is None:
+        return collections.Counter()
+    device_pids = {device[0]}
+    per_event: collections.Counter = collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and "dur" in e and e.get("pid") not in device_pids:
+            per_event[e.get("name", "")] += e["dur"] / 1e3 / calls
+    return per_event
+
+
 def group(op_name: str) -> str:
     parts = op_name.split("/")
     direction = "backward" if any(p.startswith("transpose(") for p in parts) else "forward"
@@ -226,6 +263,8 @@ def main() -> None:
     events = json.load(gzip.open(path))
     events = events["traceEvents"] if isinstance(events, dict) else events
     per_op = ops_per_call(events, args.calls)
+    spans = device_spans(events, args.calls)
+    host = host_events(events, args.calls)
     hlo = getattr(compiled, "jitted", compiled).as_text()  # a program over seeds wraps its Compiled
     names, shapes = op_metadata(hlo)
     loops = loop_of_ops(hlo)
@@ -252,10 +291,17 @@ def main() -> None:
                 }
                 for op, ms in per_op.items()
             },
+            "device_span_ms": spans,
+            "host_events_ms": dict(host.most_common(40)),
             "hlo": hlo,
         }
         args.save.write_text(json.dumps(record))
     print(f"\ntraced ops: {sum(per_op.values()):.1f} ms per call")
+    if spans:
+        print(f"device span per call (first op to last): {', '.join(f'{x:.2f}' for x in spans)} ms")
+        print("host events per call (accelerator runtime, Python):")
+        for k, ms in host.most_common(12):
+            print(f"  {ms:8.2f} ms  {k[:90]}")
     print("\nby kind:")
     for k, ms in kinds.most_common(8):
         print(f"  {ms:8.2f} ms  {k}")
