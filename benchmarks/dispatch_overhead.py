@@ -23,13 +23,20 @@ beyond its arithmetic (microseconds per op beyond K = 1).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+
+from evaluation import run_record  # noqa: E402
+
+from sb3_worldmodels.blocks.cpu import cpu_info  # noqa: E402
 
 
 def timed(fn, args: tuple, repeats: int, chain: bool = False) -> list[float]:  # noqa: ANN001
@@ -92,18 +99,13 @@ def main() -> None:
         for r in rows
         if r["arrays"] == smallest.get(r["program"], min(args.arrays))
     }
+    machine = {**run_record(), **cpu_info().as_dict()}
     for r in rows:
         extra = r["arrays"] - smallest.get(r["program"], min(args.arrays))
         per = "us_per_op" if r["program"] == "chain" else "us_per_array"
         r[per] = round(1e3 * (r["ms_median"] - base[r["program"]]) / extra, 2) if extra else None
         r["ms_median"], r["ms_min"] = round(r["ms_median"], 3), round(r["ms_min"], 3)
-        r.update(
-            megabytes=args.megabytes,
-            backend=jax.default_backend(),
-            device=str(jax.devices()[0].device_kind),
-            jax=jax.__version__,
-            date=datetime.date.today().isoformat(),
-        )
+        r.update(megabytes=args.megabytes, jax=jax.__version__, **machine)
         print(json.dumps(r), flush=True)
 
 

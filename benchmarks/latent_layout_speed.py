@@ -32,11 +32,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+
+from evaluation import run_record  # noqa: E402
+
+from sb3_worldmodels.blocks.cpu import cpu_info  # noqa: E402
 
 UNIMIX = 0.01
 
@@ -248,13 +256,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     check_equal(args)
+    machine = {**run_record(), **cpu_info().as_dict()}
     for mode in args.mode:
         for seeds in args.seeds:
             for layout in args.layout:
                 row = time_layout(layout, mode, seeds, args)
-                row.update(
-                    backend=jax.default_backend(), device=jax.devices()[0].device_kind, jax=jax.__version__
-                )
+                row.update(jax=jax.__version__, **machine)
                 print(json.dumps(row), flush=True)
 
 

@@ -17,7 +17,6 @@ arrays each form passes, and the ratio.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
 import sys
@@ -32,6 +31,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # profile_update
 
+from evaluation import run_record  # noqa: E402
+
+from sb3_worldmodels.blocks.cpu import cpu_info  # noqa: E402
 from sb3_worldmodels.blocks.jit import agent_jit  # noqa: E402
 
 
@@ -169,13 +171,9 @@ def main() -> None:
             rows += tdmpc2_rows(size, args.repeats)
     if args.agent in ("dreamerv3", "both"):
         rows += dreamerv3_rows(args.repeats)
+    machine = {**run_record(), **cpu_info().as_dict()}
     for row in rows:
-        row.update(
-            backend=jax.default_backend(),
-            device=str(jax.devices()[0].device_kind),
-            jax=jax.__version__,
-            date=datetime.date.today().isoformat(),
-        )
+        row.update(jax=jax.__version__, **machine)
         print(json.dumps(row), flush=True)
 
 
