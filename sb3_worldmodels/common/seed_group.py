@@ -58,7 +58,12 @@ from sb3_worldmodels.common.seed_lanes import (
     per_seed_values,
     record_seed_metrics,
 )
-from sb3_worldmodels.common.training import aggregate_metric, training_call, training_chunks
+from sb3_worldmodels.common.training import (
+    aggregate_metric,
+    copy_to_host_async,
+    training_call,
+    training_chunks,
+)
 
 LANE_COUNTERS = (
     "num_timesteps",
@@ -150,8 +155,7 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
     _hand_outs: HandOuts | None  # a group's pieces handed to its lanes (None for a single seed)
     _rates_written: tuple[Any, bytes] | None  # Trainer's
     _unsettled: Any  # Trainer's: for a group, its call that settles at the next acting call
-    _learning: bool  # Trainer's
-    _total_timesteps: int  # Trainer's
+    _keep_training_call: Callable[..., None]  # Trainer's
     _with_learning_rates: Callable[..., Any]  # Trainer's
 
     # ------------------------------------------------------------------ set-up
@@ -463,16 +467,7 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
             batch, count = self._on_devices((batch, counts.astype(np.int32)))
             new_state, metrics, *outputs = train(agent_state, batch, count)
             call = _GroupCall(round_, kept, metrics, tuple(outputs), batches, counts, done, k)
-            self.policy.state = {**self.policy.state, "agent": new_state}
-            self._rates_written = (new_state, rates.tobytes())
-            last = i == len(chunks) - 1
-            if last and self._learning and self.num_timesteps < self._total_timesteps:
-                for leaf in jax.tree_util.tree_leaves((metrics, call.outputs)):
-                    if isinstance(leaf, jax.Array) and leaf.is_fully_addressable:
-                        leaf.copy_to_host_async()
-                self._unsettled = call
-            else:
-                self._settle_group_call(call)
+            self._keep_training_call(call, new_state, i == len(chunks) - 1, rates.tobytes())
             agent_state = kept = new_state
             done += k
 
@@ -596,6 +591,9 @@ class _GroupCall(NamedTuple):
     counts: np.ndarray  # (S,) the updates each seed ran
     done: int  # the updates of the same ``train`` before it
     k: int
+
+    def copy_to_host_async(self) -> None:
+        copy_to_host_async((self.metrics, self.outputs))
 
 
 def _update_means(metrics: dict[str, np.ndarray], owed: np.ndarray) -> list[dict[str, float]]:

@@ -123,9 +123,7 @@ class CallResults(NamedTuple):
 
     def copy_to_host_async(self) -> None:
         """Start the transfers of the metrics and outputs (they run while the host does other work)."""
-        for leaf in jax.tree_util.tree_leaves((self.metrics, self.outputs)):
-            if isinstance(leaf, jax.Array) and leaf.is_fully_addressable:
-                leaf.copy_to_host_async()
+        copy_to_host_async((self.metrics, self.outputs))
 
     def fetch(self, batch_axis: int = 0) -> tuple[dict[str, np.ndarray], tuple[Any, ...]]:
         """(numpy metrics {name: (k,)}, the outputs with a leading k): one transfer each, sliced in
@@ -156,6 +154,9 @@ class _Unsettled(NamedTuple):
     results: CallResults
     done: int  # the updates of the same ``train`` before it
 
+    def copy_to_host_async(self) -> None:
+        self.results.copy_to_host_async()
+
 
 class _Staged(NamedTuple):
     """A step's training call dispatched before its env step, kept apart until ``train`` takes it."""
@@ -164,6 +165,13 @@ class _Staged(NamedTuple):
     state: Any  # the call's new agent state
     timesteps: int  # num_timesteps after the step
     sampled: Any  # the replay's random state after the call's batches were drawn
+
+
+def copy_to_host_async(tree: Any) -> None:
+    """Start the device-to-host transfer of every array of ``tree`` this process holds whole."""
+    for leaf in jax.tree_util.tree_leaves(tree):
+        if isinstance(leaf, jax.Array) and leaf.is_fully_addressable:
+            leaf.copy_to_host_async()
 
 
 def aggregate_metric(key: str, values: np.ndarray) -> float:
@@ -234,18 +242,23 @@ class Trainer(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
             agent_state = kept = new_state
             done += k
 
-    def _keep_training_call(self, unsettled: _Unsettled, new_state: Any, last: bool) -> None:
+    def _keep_training_call(
+        self, unsettled: Any, new_state: Any, last: bool, rates: bytes | None = None
+    ) -> None:
         """Take a training call's state; settle it now, or, for a ``train``'s last call inside
-        ``learn`` with steps still to collect, at the next acting call."""
+        ``learn`` with steps still to collect, at the next acting call. ``unsettled``: an
+        :class:`_Unsettled` (``rates``: its round's rate), or a seed group's call with the bytes of
+        its (S,) rates."""
         self.policy.state = {**self.policy.state, "agent": new_state}
-        self._rates_written = (new_state, np.float32(unsettled.round.lr).tobytes())
+        written = np.float32(unsettled.round.lr).tobytes() if rates is None else rates
+        self._rates_written = (new_state, written)
         if (
             last
             and getattr(self, "_learning", False)
             and self.num_timesteps < self._total_timesteps
             and not self._spans_processes  # their calls settle at once, as every process's
         ):
-            unsettled.results.copy_to_host_async()
+            unsettled.copy_to_host_async()
             self._unsettled = unsettled
             return
         self._settle(unsettled)
