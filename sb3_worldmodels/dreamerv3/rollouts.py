@@ -211,26 +211,22 @@ def observe(
     action_input = N.rssm_action_input(config, dyn, prev_action * keep[..., None])
 
     def step(carry: tuple[Array, ...], xs: tuple[Array, ...]) -> tuple[tuple[Array, ...], tuple]:
-        deter, blocks, stoch = carry
+        deter, blocks, stoch = carry  # stoch flat, (B, S·C), as in imagine
         act, emb, k, gumbel = xs
         deter, blocks = N.rssm_step(
-            config,
-            dyn,
-            prep,
-            deter * k[:, None],
-            blocks * k[:, None],
-            stoch * k[:, None, None],
-            action_input=act,
+            config, dyn, prep, deter * k[:, None], blocks * k[:, None], stoch * k[:, None], action_input=act
         )
         logits = N.rssm_posterior(config, dyn, deter, emb, prep)
-        stoch = sample_onehot(logits, gumbel.reshape(logits.shape), dtype)
-        return (deter, blocks, stoch), (deter, stoch, logits)
+        stoch = _flat_latent(sample_onehot(logits, gumbel.reshape(logits.shape), dtype))
+        return (deter, blocks, stoch), (deter, stoch, _flat_latent(logits))
 
     xs = tuple(jnp.swapaxes(x, 0, 1) for x in (action_input, embed, keep, _flat_latent(noise)))
     deter = start.deter.astype(dtype)
-    carry = (deter, N.to_blocks(config, deter), start.stoch.astype(dtype))
-    _, outs = jax.lax.scan(step, carry, xs)  # type: ignore[arg-type]
-    return tuple(jnp.swapaxes(x, 0, 1) for x in outs)  # type: ignore[return-value]
+    carry = (deter, N.to_blocks(config, deter), _flat_latent(start.stoch.astype(dtype)))
+    _, (deter, stoch, logits) = jax.lax.scan(step, carry, xs)  # type: ignore[arg-type]
+    grouped = (*stoch.shape[:-1], config.stoch, config.classes)
+    stoch, logits = stoch.reshape(grouped), logits.reshape(grouped)
+    return tuple(jnp.swapaxes(x, 0, 1) for x in (deter, stoch, logits))  # type: ignore[return-value]
 
 
 class _Imagined(NamedTuple):
