@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from jax.flatten_util import ravel_pytree
 
 TDMPC2_FIXTURES = Path(__file__).parent / "fixtures" / "tdmpc2"
 
@@ -272,3 +273,14 @@ def tdmpc2_plan_noise(io: dict, prefix: str, action_dim: int) -> Any:
         final=jnp.asarray(final, jnp.float32),
         dropout=None,
     )
+
+
+def moment_tree(vector: Any, like: Any) -> Any:
+    """An optimiser moment, one (P,) vector of every parameter (``blocks.optim.over_flat_parameters``),
+    as a tree shaped as ``like`` (the parameters or their gradients)."""
+    return ravel_pytree(like)[1](vector)
+
+
+def moment_vector(tree: Any) -> Any:
+    """A moment given as a tree of the parameters' shapes → the (P,) vector the optimiser keeps."""
+    return ravel_pytree(tree)[0]

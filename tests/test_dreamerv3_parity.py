@@ -73,7 +73,7 @@ from sb3_worldmodels.dreamerv3.reference_weights import (
 )
 from tests.parity_helpers import DREAMERV3_METRICS as METRICS
 from tests.parity_helpers import DREAMERV3_TERMS as TERMS
-from tests.parity_helpers import assert_close, dreamerv3_update_record, load_fixture
+from tests.parity_helpers import assert_close, dreamerv3_update_record, load_fixture, moment_tree
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dreamerv3"
 REF_JIT_ZERO_LOGITS_MEAN = np.float32(-0.1644754)
@@ -417,8 +417,9 @@ def _check_moments(
     step = int(after["agent/opt/step/value"])
     assert int(warmup.count) == step == int(after["agent/opt/state/rms_count"]) == int(rms.count)
     assert int(momentum.count) == int(after["agent/opt/state/momentum_count"]) == step
-    for key, tree in (("rms_nu", rms.nu), ("momentum_mu", momentum.mu)):
-        for path, value in flatten_tree(tree).items():
+    like = unflatten(grads[0])
+    for key, vector in (("rms_nu", rms.nu), ("momentum_mu", momentum.mu)):
+        for path, value in flatten_tree(moment_tree(vector, like)).items():
             name = path_to_ref(path)
             ours, ref, where = _ref_values(after, f"agent/opt/state/{key}/{name}", path, value, config)
             if key == "momentum_mu" and not exact_grads:

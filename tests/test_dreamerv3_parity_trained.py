@@ -65,7 +65,13 @@ from sb3_worldmodels.dreamerv3.reference_weights import (
 )
 from tests.parity_helpers import DREAMERV3_METRICS as METRICS
 from tests.parity_helpers import DREAMERV3_TERMS as TERMS
-from tests.parity_helpers import assert_close, dreamerv3_update_record, load_fixture
+from tests.parity_helpers import (
+    assert_close,
+    dreamerv3_update_record,
+    load_fixture,
+    moment_tree,
+    moment_vector,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dreamerv3"
 PREFIX = "agent1m_trained_"
@@ -145,10 +151,9 @@ def opt_state_from_reference(flat: dict[str, np.ndarray], params: dict, config: 
     state = A.make_optimizer(config).init(params)
     paths = list(flatten_tree(params))
 
-    def moments(kind: str) -> dict:
-        return unflatten(
-            {p: to_ours(flat[f"agent/opt/state/{kind}/{path_to_ref(p)}"], p, config) for p in paths}
-        )
+    def moments(kind: str) -> Any:
+        tree = {p: to_ours(flat[f"agent/opt/state/{kind}/{path_to_ref(p)}"], p, config) for p in paths}
+        return moment_vector(unflatten(tree))
 
     inner = list(state.inner_state)
     inner[1] = inner[1]._replace(
@@ -273,8 +278,8 @@ def test_optimizer_state_loads() -> None:
     rms, momentum, warmup = opt_state.inner_state[1], opt_state.inner_state[2], opt_state.inner_state[4]
     step = int(start["agent/opt/step/value"])
     assert int(rms.count) == int(momentum.count) == int(warmup.count) == step
-    for key, tree in (("rms_nu", rms.nu), ("momentum_mu", momentum.mu)):
-        flat = flatten_tree(tree)
+    for key, vector in (("rms_nu", rms.nu), ("momentum_mu", momentum.mu)):
+        flat = flatten_tree(moment_tree(vector, params))
         assert len(flat) == len([k for k in start if k.startswith(f"agent/opt/state/{key}/")])
         for path, value in flat.items():
             ref = to_ours(start[f"agent/opt/state/{key}/{path_to_ref(path)}"], path, CONFIG)

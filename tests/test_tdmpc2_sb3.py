@@ -17,11 +17,13 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from sb3_worldmodels import TDMPC2
 from sb3_worldmodels.blocks.optim import get_learning_rate
 from sb3_worldmodels.common.boundary import UnsupportedSpaceError
+from sb3_worldmodels.common.checkpoints import join_split_leaves
 from sb3_worldmodels.common.policy import flatten_state
 from sb3_worldmodels.common.training import training_call
 from sb3_worldmodels.tdmpc2 import agent as core
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS, preset
 from sb3_worldmodels.tdmpc2.upgrade import upgrade_state_leaves
+from tests.parity_helpers import moment_tree
 from tests.probe_envs import BanditEnv, ChainEnv, NaNEnv
 
 # One tiny configuration for the module, so the jitted functions compile once per env shape: the
@@ -287,7 +289,7 @@ def test_a_checkpoint_of_an_earlier_release_loads_acts_the_same_and_trains_on():
         assert float(get_learning_rate(optimiser)) == pytest.approx(1e-3)
         adam_state = optimiser.inner_state[0]
         assert int(optimiser.count) == int(adam_state.count) == int(state.updates) > 0
-        assert all(np.any(np.asarray(x) != 0) for x in jax.tree_util.tree_leaves(adam_state.nu))
+        assert np.mean(np.asarray(adam_state.nu) != 0) > 0.5
     before = int(state.updates)
     with pytest.warns(UserWarning, match="replay buffer was not loaded"):
         model.learn(12, reset_num_timesteps=False)  # an episode ends: updates resume
@@ -320,3 +322,31 @@ def test_upgrade_state_leaves_renames_only_the_earlier_names():
     config = preset(**SMOKE_SETTINGS, obs_dim=2, action_dim=1)
     today = flatten_state({"agent": core.init_state(config, jax.random.PRNGKey(0))})
     assert upgrade_state_leaves(today, "['agent']") == today
+
+
+@pytest.mark.parametrize("seeds", [0, 3])
+def test_moments_stored_per_parameter_are_joined_in_the_trees_order(seeds: int):
+    """Files written before each optimiser moment was one vector of every parameter hold it as one
+    array per parameter (``.wm_opt.inner_state[0].mu['encoder']['0']['kernel']``, ...): loading joins
+    them into the vector in the order the optimiser ravels the parameters, over a seed group's seed
+    axis too; the file's other leaves pass as they are."""
+    config = preset(**SMOKE_SETTINGS, obs_dim=2, action_dim=1)
+    state = core.init_state(config, jax.random.PRNGKey(0))
+    wm_params = {k: v for k, v in state.params.items() if k != "pi"}
+    size = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(wm_params))
+    lead = (seeds,) if seeds else ()
+    vector = np.arange(seeds * size if seeds else size, dtype=np.float32).reshape(*lead, size)
+    name = "['agent'].wm_opt.inner_state[0].mu"
+    today = {k: np.broadcast_to(v, (*lead, *v.shape)) for k, v in flatten_state({"agent": state}).items()}
+    today[name] = vector
+    flat_of = jax.tree_util.tree_flatten_with_path
+    trees = [flat_of(moment_tree(v, wm_params))[0] for v in (vector if seeds else [vector])]
+    split = {k: v for k, v in today.items() if k != name}
+    for i, (path, _) in enumerate(trees[0]):
+        stacked = np.stack([np.asarray(tree[i][1]) for tree in trees])
+        split[name + jax.tree_util.keystr(path)] = stacked if seeds else stacked[0]
+    assert len(split) > len(today)
+    joined = join_split_leaves(split, today)
+    assert joined.keys() == today.keys()
+    np.testing.assert_array_equal(joined[name], vector)
+    assert all(joined[k] is split[k] for k in today if k != name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from abc import abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -42,6 +43,49 @@ def flatten_state(tree: Any) -> dict[str, np.ndarray]:
     """Pytree -> {path: numpy array}; paths are jax key paths (stable for dicts and NamedTuples)."""
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     return {jax.tree_util.keystr(path): np.asarray(jax.device_get(leaf)) for path, leaf in leaves}
+
+
+_KEY = re.compile(r"\['([^']*)'\]|\[(\d+)\]")
+
+
+def _tree_position(suffix: str) -> tuple[tuple[int, Any], ...]:
+    """The keys of a path below a leaf's name (``"['encoder']['0']['kernel']"``), comparable in the
+    order ``jax.tree_util`` gives leaves (a dict's keys sorted, a sequence's by index); ValueError for
+    a path of another form."""
+    keys, end = [], 0
+    for match in _KEY.finditer(suffix):
+        if match.start() != end:
+            break
+        keys.append((0, match.group(1)) if match.group(1) is not None else (1, int(match.group(2))))
+        end = match.end()
+    if end != len(suffix) or not keys:
+        raise ValueError(suffix)
+    return tuple(keys)
+
+
+def join_split_leaves(flat: dict[str, np.ndarray], current: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``flat`` with the arrays that a file stores as a tree below the name of one of ``current``'s
+    leaves joined into that leaf, as it is today: an optimiser's moment is one vector of every
+    parameter (:func:`~sb3_worldmodels.blocks.optim.over_flat_parameters`), where files written before
+    it hold one array per parameter (``...inner_state[0].mu['encoder']['0']['kernel']``, ...). Each is
+    raveled over the axes after the leaf's leading ones (a seed group's seed axis) and concatenated in
+    the tree's order. Entries of any other form are left as they are (the loader's checks name them)."""
+    out = dict(flat)
+    for name, leaf in current.items():
+        if name in flat:
+            continue
+        parts = {key[len(name) :]: value for key, value in flat.items() if key.startswith(name + "[")}
+        try:
+            order = sorted(parts, key=_tree_position)
+            lead = np.shape(leaf)[:-1]
+            joined = [np.asarray(parts[suffix]).reshape(*lead, -1) for suffix in order]
+        except ValueError:
+            continue
+        if joined:
+            out[name] = np.concatenate(joined, -1)
+            for suffix in parts:
+                del out[name + suffix]
+    return out
 
 
 def restore_state(template: Any, flat: dict[str, np.ndarray], what: str) -> Any:

@@ -20,6 +20,7 @@ from sb3_worldmodels.common.boundary import check_finite_arrays
 from sb3_worldmodels.common.checkpoints import (
     STATE_PREFIX,
     flatten_state,
+    join_split_leaves,
     restore_state,
     state_to_tensors,
     tensors_to_arrays,
@@ -121,6 +122,7 @@ class JaxPolicy(BasePolicy):
             "a model with NaN or inf weights acts and trains on NaN. Load an earlier checkpoint.",
         )
         current = flatten_state(self.state)
+        flat = join_split_leaves(flat, current)
         missing = [key for key in current if key not in flat]
         unexpected = [] if strict else [key for key in flat if key not in current]
         keep = [key for key in missing if not strict or current[key].dtype.kind != "f"]
