@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels import DreamerV3
+from sb3_worldmodels.blocks.backend import scan_unroll
 from sb3_worldmodels.blocks.cpu import cpu_info
 from sb3_worldmodels.blocks.jit import cpu_options_name
 from sb3_worldmodels.blocks.precision import COMPUTE_DTYPES, resolve_compute_dtype
@@ -373,6 +374,7 @@ def main() -> None:
             **cpu_info().as_dict(),
             cpu_options=cpu_options_name(),
             jax=jax.__version__,
+            scan_unroll=scan_unroll(),  # SB3WM_SCAN_UNROLL
             date=time.strftime("%Y-%m-%d"),
         )
         print(json.dumps(result), flush=True)

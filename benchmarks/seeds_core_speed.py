@@ -46,7 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
-from sb3_worldmodels.blocks.backend import GATHER_FREE_MODES, gather_free, gather_free_forms  # noqa: E402
+from sb3_worldmodels.blocks.backend import GATHER_FREE_MODES, gather_free, gather_free_forms, scan_unroll  # noqa: E402
 from sb3_worldmodels.blocks.cpu import cpu_info  # noqa: E402
 from sb3_worldmodels.blocks.devices import seed_placement  # noqa: E402
 from sb3_worldmodels.blocks.seeds import counted_updates, stack_trees  # noqa: E402
@@ -196,6 +196,7 @@ def main() -> None:
         "backend": jax.default_backend(),
         "devices": jax.local_device_count(),
         "jax": jax.__version__,
+        "scan_unroll": scan_unroll(),  # SB3WM_SCAN_UNROLL
         "date": datetime.date.today().isoformat(),
     }
     modes = args.gather_free or ["auto"]

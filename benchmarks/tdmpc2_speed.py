@@ -40,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
+from sb3_worldmodels.blocks.backend import scan_unroll  # noqa: E402
 from sb3_worldmodels.blocks.cpu import cpu_info  # noqa: E402
 from sb3_worldmodels.blocks.jit import cpu_options_name  # noqa: E402
 
@@ -242,6 +243,7 @@ def main() -> None:
             **cpu_info().as_dict(),
             "cpu_options": cpu_options_name(),
             "jax": jax.__version__,
+            "scan_unroll": scan_unroll(),  # SB3WM_SCAN_UNROLL
             "date": time.strftime("%Y-%m-%d"),
         }
         if b["impl"].startswith("reference"):

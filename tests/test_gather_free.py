@@ -332,3 +332,49 @@ def test_a_pixel_tdmpc2_keeps_one_gather_the_shift_crop():
         found = gather_census.program_lookups(program)
         gathers = {where for (op, where), uses in found.items() if op != "top_k"}
         assert len(gathers) == 1 and next(iter(gathers)).startswith("blocks/images.py"), (name, found)
+
+
+# ------------------------------------------------------------------------------------------------
+# The scans' unroll: another program, the same numbers
+# ------------------------------------------------------------------------------------------------
+
+
+SCANNED = {"dreamerv3": "dreamerv3.train", "tdmpc2": "tdmpc2.act"}
+"""Each agent's program with scans over time: DreamerV3's update (posterior, imagination, returns),
+TD-MPC2's plan (its iterations)."""
+
+
+@pytest.mark.parametrize("agent", sorted(SCANNED))
+def test_unrolled_scans_give_the_same_update_and_acting_step(agent: str):
+    """Programs traced with the scans over time unrolled (3 steps per loop iteration) are kept apart
+    from the others and compute the same numbers (to float rounding: XLA may fuse a sum differently)."""
+    with B.scan_unroll_steps(3), B.gather_free_forms(False):
+        unrolled = gather_census.PROGRAMS[agent](0)
+    changed = set()
+    for name, (fn, args, kwargs) in unrolled.items():
+        if fn.lower(*args, **kwargs).as_text() != program_text(agent, name, False):
+            changed.add(name)
+        compiled = fn.lower(*args, **kwargs).compile(compiler_options=COMPILED_ONCE)
+        ours = jax.tree_util.tree_map(np.asarray, compiled(*args, **kwargs))
+        reference = run_program(agent, name, False)
+        for (path, a), b in zip(
+            jax.tree_util.tree_leaves_with_path(reference), jax.tree_util.tree_leaves(ours), strict=True
+        ):
+            where = f"{name}{jax.tree_util.keystr(path)}"
+            np.testing.assert_allclose(b, a, rtol=2e-6, atol=1e-7, err_msg=where)
+    assert changed == {SCANNED[agent]}
+
+
+def test_the_unroll_is_checked_and_restored(monkeypatch: pytest.MonkeyPatch):
+    assert B.scan_unroll() == 1
+    with B.scan_unroll_steps(4):
+        assert B.program_form() == (B.gather_free(), 4)
+    assert B.scan_unroll() == 1
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="positive integer"), B.scan_unroll_steps(bad):  # type: ignore[arg-type]
+            pass
+    monkeypatch.setenv(B.SCAN_UNROLL_ENV_VAR, "four")
+    with pytest.raises(ValueError, match="SB3WM_SCAN_UNROLL='four'"):
+        B._unroll_from_environment()
+    monkeypatch.setenv(B.SCAN_UNROLL_ENV_VAR, "8")
+    assert B._unroll_from_environment() == 8

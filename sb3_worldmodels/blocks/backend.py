@@ -1,4 +1,5 @@
-"""Formulations chosen per backend: lookups without gathers on accelerators.
+"""Formulations chosen per backend: lookups without gathers on accelerators, and how far the agents'
+sequential scans are unrolled.
 
 On a TPU, a lookup of one element per row (``table[idx]``, ``jnp.take_along_axis``), the binary
 search of ``jnp.searchsorted`` (a while loop of such lookups) and a sort run as gathers, loops and
@@ -17,6 +18,14 @@ environment variable :data:`ENV_VAR` sets the mode of a process (read at import)
 agents' jitted functions (:func:`~sb3_worldmodels.blocks.jit.agent_jit`) keep one program per form,
 each traced under the form it was built for; a plain ``jax.jit`` of an agent function keeps whatever
 form it was first traced under.
+
+The scans over time (DreamerV3's posterior and imagination rollouts and its λ-returns, TD-MPC2's
+planning iterations) run :func:`scan_unroll` steps per loop iteration (``jax.lax.scan``'s ``unroll``):
+1 unless the environment variable :data:`SCAN_UNROLL_ENV_VAR` or :func:`scan_unroll_steps` sets it.
+An unrolled loop runs the same operations; on an accelerator it saves the loop's per-step overhead
+and lets the compiler overlap consecutive steps, at the price of a longer compile.
+:func:`program_form` is what a program is kept by (the gather-free switch and the unroll), and
+:func:`traced_in_form` traces under one.
 
 Both forms give the same values (tests/test_gather_free.py): exactly, but for the sign of a zero
 (a masked sum gives +0.0 where the lookup read −0.0); gradients that several rows send to one table
@@ -39,15 +48,20 @@ ArrayLike = jax.typing.ArrayLike
 __all__ = [
     "ENV_VAR",
     "GATHER_FREE_MODES",
+    "SCAN_UNROLL_ENV_VAR",
     "count_at_most",
     "gather_free",
     "gather_free_forms",
     "gather_free_mode",
     "order_statistics",
     "percentiles",
+    "program_form",
+    "scan_unroll",
+    "scan_unroll_steps",
     "select_along",
     "select_rows",
     "set_gather_free",
+    "traced_in_form",
 ]
 
 GATHER_FREE_MODES = ("auto", "on", "off")
@@ -104,6 +118,58 @@ def gather_free_forms(mode: str | bool = True) -> Iterator[None]:
         yield
     finally:
         _mode = previous
+
+
+SCAN_UNROLL_ENV_VAR = "SB3WM_SCAN_UNROLL"
+"""Environment variable with the process's scan unroll (a positive integer; 1 if unset)."""
+
+
+def _check_unroll(steps: int) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"the scan unroll must be a positive integer (1: no unrolling), got {steps!r}.")
+    return steps
+
+
+def _unroll_from_environment() -> int:
+    value = os.environ.get(SCAN_UNROLL_ENV_VAR, "1")
+    try:
+        return _check_unroll(int(value))
+    except ValueError:
+        raise ValueError(
+            f"{SCAN_UNROLL_ENV_VAR}={value!r}: the scan unroll must be a positive integer (1: no unrolling)."
+        ) from None
+
+
+_unroll = _unroll_from_environment()
+
+
+def scan_unroll() -> int:
+    """Steps per loop iteration of the agents' scans over time in the programs traced now."""
+    return _unroll
+
+
+@contextlib.contextmanager
+def scan_unroll_steps(steps: int) -> Iterator[None]:
+    """Trace the agents' scans with ``steps`` steps per loop iteration inside the ``with`` block."""
+    global _unroll
+    previous, _unroll = _unroll, _check_unroll(steps)
+    try:
+        yield
+    finally:
+        _unroll = previous
+
+
+def program_form() -> tuple[bool, int]:
+    """What a program traced now depends on beyond its config: (:func:`gather_free`, :func:`scan_unroll`)."""
+    return gather_free(), scan_unroll()
+
+
+@contextlib.contextmanager
+def traced_in_form(form: tuple[bool, int]) -> Iterator[None]:
+    """Trace in ``form`` (a :func:`program_form`) inside the ``with`` block."""
+    free, steps = form
+    with gather_free_forms(free), scan_unroll_steps(steps):
+        yield
 
 
 # ------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 
-from sb3_worldmodels.blocks.backend import gather_free, gather_free_forms
+from sb3_worldmodels.blocks.backend import program_form, traced_in_form
 from sb3_worldmodels.blocks.compile_cache import use_compilation_cache
 from sb3_worldmodels.blocks.cpu import CpuInfo, cpu_info
 
@@ -169,8 +169,8 @@ class AgentFunction:
     """``fn(config, ...)`` compiled per ``config`` (static), with every matmul traced inside under
     ``config.matmul_precision`` (:data:`MATMUL_PRECISIONS`) and :data:`COMPILER_OPTIONS`; the
     programs of the :data:`COMPILED_CONFIGS_KEPT` most recently used configs are kept. A config's
-    program is kept per form (:func:`~sb3_worldmodels.blocks.backend.gather_free`): each traces under
-    the form that was in force when it was built.
+    program is kept per form (:func:`~sb3_worldmodels.blocks.backend.program_form`: gather-free or not,
+    the scans' unroll): each traces under the form that was in force when it was built.
 
     :meth:`over_seeds` compiles the same function vmapped over a leading seed axis (its own kept
     programs)."""
@@ -197,14 +197,14 @@ class AgentFunction:
                 f"{self._fn.__name__}: a config with per-seed settings runs over a seed axis; call "
                 "over_seeds(config) instead."
             )
-        key = (config, gather_free())
+        key = (config, program_form())
         jitted = self._compiled.pop(key, None)
         if jitted is None:
             use_compilation_cache()
-            free = key[1]
+            form = key[1]
 
             def call(*args: Any, **kwargs: Any) -> Any:
-                with gather_free_forms(free):
+                with traced_in_form(form):
                     return self._pinned(config, *args, **kwargs)
 
             call.__name__ = call.__qualname__ = self._fn.__name__  # the program's name
@@ -231,7 +231,7 @@ class AgentFunction:
         program (other values, same program), each seed's traced in its config. The returned
         function has ``lower`` and ``trace`` either way."""
         per_seed = config if _per_seed(config) else None
-        key = (config if per_seed is None else per_seed.program_key, gather_free())
+        key = (config if per_seed is None else per_seed.program_key, program_form())
         jitted = self._compiled_over_seeds.pop(key, None)
         if jitted is None:
             use_compilation_cache()
@@ -242,7 +242,7 @@ class AgentFunction:
         return _WithSeedValues(jitted, None if per_seed is None else per_seed.seed_values())
 
     def _jit_over_seeds(self, config: Any, per_seed: PerSeedConfig | None) -> Any:
-        free = gather_free()
+        form = program_form()
 
         def call(values: Any, *args: Any, **kwargs: Any) -> Any:
             static = {name: kwargs.pop(name) for name in self._static_argnames if name in kwargs}
@@ -251,7 +251,7 @@ class AgentFunction:
                 seed_config = config if per_seed is None else per_seed.traced_config(seed_values)
                 return self._pinned(seed_config, *seed_args, **seed_kwargs, **static)
 
-            with gather_free_forms(free):
+            with traced_in_form(form):
                 return jax.vmap(one_seed, axis_name=SEED_AXIS)(values, *args, **kwargs)
 
         call.__name__ = call.__qualname__ = f"{self._fn.__name__}_over_seeds"  # the program's name

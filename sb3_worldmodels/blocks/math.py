@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sb3_worldmodels.blocks.backend import count_at_most, gather_free, select_along
+from sb3_worldmodels.blocks.backend import count_at_most, gather_free, scan_unroll, select_along
 
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
@@ -284,7 +284,8 @@ def lambda_return(reward: ArrayLike, disc: ArrayLike, value: ArrayLike, lam: Arr
         ret = r + d * ((1.0 - lm) * v + lm * ret_next)
         return ret, ret
 
-    _, rets = jax.lax.scan(step, value[:, -1], (rew_next, disc_next, val_next, lam_next), reverse=True)
+    xs = (rew_next, disc_next, val_next, lam_next)
+    _, rets = jax.lax.scan(step, value[:, -1], xs, reverse=True, unroll=scan_unroll())
     return rets.T
 
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from sb3_worldmodels.blocks.backend import scan_unroll
 from sb3_worldmodels.blocks.distributions import (
     categorical_entropy,
     categorical_log_prob,
@@ -223,7 +224,7 @@ def observe(
     xs = tuple(jnp.swapaxes(x, 0, 1) for x in (action_input, embed, keep, _flat_latent(noise)))
     deter = start.deter.astype(dtype)
     carry = (deter, N.to_blocks(config, deter), _flat_latent(start.stoch.astype(dtype)))
-    _, (deter, stoch, logits) = jax.lax.scan(step, carry, xs)  # type: ignore[arg-type]
+    _, (deter, stoch, logits) = jax.lax.scan(step, carry, xs, unroll=scan_unroll())  # type: ignore[arg-type]
     grouped = (*stoch.shape[:-1], config.stoch, config.classes)
     stoch, logits = stoch.reshape(grouped), logits.reshape(grouped)
     return tuple(jnp.swapaxes(x, 0, 1) for x in (deter, stoch, logits))  # type: ignore[return-value]
@@ -306,5 +307,5 @@ def imagine(
     deter, stoch = sg(deter).astype(config.dtype), sg(stoch).astype(config.dtype)
     carry = (deter, N.to_blocks(config, deter), _flat_latent(stoch))
     xs = (_flat_latent(noise.imag_stoch), noise.imag_action[:-1])
-    (deter, _, stoch), outs = jax.lax.scan(step, carry, xs)
+    (deter, _, stoch), outs = jax.lax.scan(step, carry, xs, unroll=scan_unroll())
     return _Imagined(*outs, last=jnp.concatenate([deter, stoch], -1))  # type: ignore[misc]

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sb3_worldmodels.blocks.backend import count_at_most, gather_free, select_rows
+from sb3_worldmodels.blocks.backend import count_at_most, gather_free, scan_unroll, select_rows
 from sb3_worldmodels.blocks.breaks import broken
 from sb3_worldmodels.blocks.images import random_shifts
 from sb3_worldmodels.blocks.jit import agent_jit, scan_updates
@@ -395,9 +395,13 @@ def plan_with_noise(
     drops = noise.dropout if noise.dropout is not None and _dropout_on(config, train=False) else None
     xs = (noise.mppi, noise.value_pi, noise.value_pair, drops)
     if drops is None:
-        (mean, std), iters = jax.lax.scan(lambda c, x: iteration(c, (*x, None)), (mean, std), xs[:3])
+
+        def without_dropout(carry: tuple[Array, Array], x: tuple) -> tuple[tuple[Array, Array], dict]:
+            return iteration(carry, (*x, None))
+
+        (mean, std), iters = jax.lax.scan(without_dropout, (mean, std), xs[:3], unroll=scan_unroll())
     else:
-        (mean, std), iters = jax.lax.scan(iteration, (mean, std), xs)
+        (mean, std), iters = jax.lax.scan(iteration, (mean, std), xs, unroll=scan_unroll())
 
     score = iters["score"][-1]
     cdf = jnp.cumsum(score)
