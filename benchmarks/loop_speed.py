@@ -58,17 +58,19 @@ TDMPC2_SETTINGS = dict(model_size=1, seed_steps=250)
 DREAMER_SETTINGS = dict(model_size="1m", batch_size=16, batch_length=64, train_ratio=512)
 
 
-def build(agent: str, tiny: bool, acting: bool, size: int = 1) -> Any:
-    """The model after a warm-up ``learn`` that compiled its acting and training calls."""
+def build(agent: str, tiny: bool, acting: bool, size: int = 1, precision: str | None = None) -> Any:
+    """The model after a warm-up ``learn`` that compiled its acting and training calls
+    (``precision``: its ``matmul_precision``, else the default)."""
+    numerics = {} if precision is None else {"matmul_precision": precision}
     if agent == "tdmpc2":
         settings = {**TDMPC2_SMOKE, "seed_steps": 250} if tiny else {**TDMPC2_SETTINGS, "model_size": size}
-        model = TDMPC2("Pendulum-v1", seed=0, **settings)
+        model = TDMPC2("Pendulum-v1", seed=0, **settings, **numerics)
         model.learn(settings["seed_steps"] + 200 + 2)  # an episode has ended: plans and updates compiled
         return model
     settings = {**DREAMER_SMOKE} if tiny else dict(DREAMER_SETTINGS)
     if acting:
         settings["train_fill"] = 10**9  # the policy acts every vector step, and never trains
-    model = DreamerV3("CartPole-v1", n_envs=16, seed=0, **settings)
+    model = DreamerV3("CartPole-v1", n_envs=16, seed=0, **settings, **numerics)
     model.learn(model.n_envs)
     while not acting and model._n_updates == 0:  # through the first training call (compiles it)
         model.learn(model.n_envs, reset_num_timesteps=False)
@@ -185,7 +187,7 @@ def learn_window(model: Any, steps: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    model = build(args.agent, args.tiny, args.acting, args.size)
+    model = build(args.agent, args.tiny, args.acting, args.size, args.matmul_precision)
     rounds = []
     for _ in range(args.rounds):
         window = learn_window(model, args.steps)
@@ -224,6 +226,8 @@ def run(args: argparse.Namespace) -> dict:
     else:
         what = "smoke sizes" if args.tiny else '"1m" 16x64 ratio 512'
         settings = f"{what}, CartPole-v1, 16 envs{', acting only (no updates)' if args.acting else ''}"
+    if args.matmul_precision is not None:
+        settings += f", matmul_precision={args.matmul_precision}"
     return {
         "agent": args.agent,
         "settings": settings,
@@ -251,6 +255,9 @@ def main() -> None:
     )
     parser.add_argument("--acting", action="store_true", help="DreamerV3: the acting path alone, no updates")
     parser.add_argument("--size", type=int, default=1, help="TD-MPC2's model size (1, 5, 19, 48, 317)")
+    parser.add_argument(
+        "--matmul-precision", default=None, help="the model's matmul_precision (default: the agent's)"
+    )
     parser.add_argument("--steps", type=int, default=None, help="vector steps per learn window")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=None, help="timings of each call per round")
