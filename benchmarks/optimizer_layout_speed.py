@@ -2,6 +2,7 @@
 
     python benchmarks/optimizer_layout_speed.py                       # both agents' optimisers
     python benchmarks/optimizer_layout_speed.py --agent dreamerv3 --model-size 12m
+    python benchmarks/optimizer_layout_speed.py --seeds 8                # vmapped over 8 seeds
 
 The agents' optimisers keep each moment as one (P,) vector (``blocks.optim.over_flat_parameters``):
 a jitted update takes and returns fewer arrays, which an accelerator's runtime charges per array,
@@ -72,12 +73,19 @@ def dreamerv3_case(model_size: str) -> tuple[dict, dict[str, optax.GradientTrans
     return params, {"per_parameter": per_parameter, "vector": vector}
 
 
-def step_fn(tx: optax.GradientTransformation) -> Any:
+def step_fn(tx: optax.GradientTransformation, seeds: int) -> Any:
+    """The jitted step; with ``seeds``, vmapped over a leading seed axis (a seed group's form)."""
+
     def step(params: dict, opt_state: Any, grads: dict) -> tuple[dict, Any]:
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
-    return jax.jit(step, donate_argnums=(0, 1))
+    return jax.jit(jax.vmap(step) if seeds else step, donate_argnums=(0, 1))
+
+
+def over_seeds(tree: Any, seeds: int) -> Any:
+    """``tree`` with a leading seed axis of ``seeds`` copies (``tree`` itself when 0)."""
+    return jax.tree_util.tree_map(lambda x: jnp.stack([x] * seeds), tree) if seeds else tree
 
 
 def copy(tree: Any) -> Any:
@@ -91,6 +99,7 @@ def main() -> None:
     parser.add_argument("--model-size", default="1m", help="DreamerV3's model size")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--seeds", type=int, default=0, help="a seed group's step over this many seeds")
     args = parser.parse_args()
     cases = []
     if args.agent in ("tdmpc2", "both"):
@@ -102,9 +111,10 @@ def main() -> None:
         rng = np.random.default_rng(0)
         grads = jax.tree_util.tree_map(lambda p, r=rng: jnp.asarray(r.normal(size=p.shape), p.dtype), params)
         runs = {}
+        grads = over_seeds(grads, args.seeds)
         for layout, tx in layouts.items():
-            state = (copy(params), tx.init(params))
-            runs[layout] = {"fn": step_fn(tx), "state": state, "ms": []}
+            state = over_seeds((copy(params), tx.init(params)), args.seeds)
+            runs[layout] = {"fn": step_fn(tx, args.seeds), "state": state, "ms": []}
             runs[layout]["state"] = runs[layout]["fn"](*runs[layout]["state"], grads)  # compile
             jax.block_until_ready(runs[layout]["state"])
         for _ in range(args.rounds):
@@ -123,6 +133,7 @@ def main() -> None:
         for layout, run in runs.items():
             row = {
                 "optimiser": name,
+                "seeds": args.seeds,
                 "layout": layout,
                 "state_arrays": len(jax.tree_util.tree_leaves(run["state"])),
                 "ms_median": round(medians[layout], 3),
