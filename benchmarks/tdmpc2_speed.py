@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from sb3_worldmodels.blocks.backend import scan_unroll  # noqa: E402
 from sb3_worldmodels.blocks.cpu import cpu_info  # noqa: E402
 from sb3_worldmodels.blocks.jit import cpu_options_name  # noqa: E402
+from tools.profile_update import matmul_flops  # noqa: E402
 
 PIXEL_SHAPE = (64, 64, 9)
 """Three stacked 64 x 64 RGB frames, channel-last, as ``make_dmc_env(task, pixels=True, frame_stack=3)``."""
@@ -127,6 +128,12 @@ def build(
 
     params = int(sum(x.size for x in jax.tree_util.tree_leaves(state2.params)))
     row.update(time_plan=time_plan, time_update=time_update, params=lambda: params)
+    # The matmuls' arithmetic (2 FLOPs per multiply-add, from the traced programs): the floor of a step
+    # on a chip is this over its matmul rate (six bfloat16 passes per float32 matmul on a TPU).
+    plan_jaxpr = jax.make_jaxpr(lambda *a: core.act(config, *a))(state.params, obs, prev, first, key)
+    update_jaxpr = jax.make_jaxpr(lambda *a: core.train_many(config, *a))(state, batch)
+    row["plan_gflop"] = round(matmul_flops(plan_jaxpr.jaxpr) / 1e9, 2)
+    row["update_gflop"] = round(matmul_flops(update_jaxpr.jaxpr) / 1e9, 2)
     return row
 
 
@@ -236,6 +243,7 @@ def main() -> None:
             "agent_steps_per_s": round(b["steps_per_s"], 2),
             "plan_compile_s": b["plan_compile_s"],
             "update_compile_s": b["update_compile_s"],
+            **{key: b[key] for key in ("plan_gflop", "update_gflop") if key in b},
             "peak_rss_mb": round(b.get("peak_rss_mb", own_peak_rss_mb)()),
             "repeats": args.repeats,
             "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],  # 1 min, before/after
