@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch as th
 from stable_baselines3 import SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import (
@@ -30,6 +31,7 @@ from sb3_worldmodels.common.boundary import UnsupportedSpaceError
 from sb3_worldmodels.common.training import training_call
 from sb3_worldmodels.dreamerv3 import agent as core
 from sb3_worldmodels.dreamerv3 import networks as N
+from tests.parity_helpers import moment_tree
 from tests.probe_envs import ChainEnv, DictObsEnv, NaNEnv, ScriptedEpisodesEnv
 
 # One tiny configuration for the whole module, so the jitted functions compile once.
@@ -276,6 +278,37 @@ def test_save_load_predict_identical(tmp_path):
     assert loaded.num_timesteps == model.num_timesteps
     params = loaded.get_parameters()
     loaded.set_parameters(params)
+
+
+def test_parameters_with_moments_per_parameter_load_as_the_vector():
+    """Parameters saved before the optimiser kept its moments as one vector hold one tensor per
+    parameter for each moment: set_parameters joins them, so the model's state is the one they came
+    from, for one seed and for a group's (S, P) moments."""
+    for seed in (0, [0, 1]):
+        env = chain_vec(2 if seed == 0 else 4, length=10)
+        model = tiny(env, n_envs=None, seed=seed)
+        model.learn(60 if seed == 0 else 30)  # moments nonzero
+        saved = model.get_parameters()["policy"]
+        params = model.policy.state["agent"].params
+        lead = () if seed == 0 else (2,)
+        one_seed = jax.tree_util.tree_map(lambda x: x[0], params) if lead else params
+        split = {}
+        for name, tensor in saved.items():
+            if not name.endswith((".nu", ".mu")):
+                split[name] = tensor
+                continue
+            vectors = tensor.numpy().reshape(-1, tensor.shape[-1])
+            trees = [moment_tree(v, one_seed) for v in vectors]
+            for path, _ in jax.tree_util.tree_flatten_with_path(trees[0])[0]:
+                leaves = [np.asarray(dict(jax.tree_util.tree_flatten_with_path(t)[0])[path]) for t in trees]
+                split[name + jax.tree_util.keystr(path)] = th.as_tensor(
+                    np.stack(leaves) if lead else leaves[0]
+                )
+        assert len(split) > len(saved) + 100
+        fresh = tiny(chain_vec(2 if seed == 0 else 4, length=10), n_envs=None, seed=seed)
+        fresh.set_parameters({"policy": split})
+        for name, tensor in fresh.get_parameters()["policy"].items():
+            np.testing.assert_array_equal(tensor.numpy(), saved[name].numpy(), err_msg=name)
 
 
 def test_replay_rows_follow_the_reference_driver():
