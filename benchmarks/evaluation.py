@@ -442,6 +442,10 @@ def check_result(
         "wall_seconds": record["seconds"],
         "resumed_at": record["resumed_at"],
     }
+    config = getattr(model, "config", None)
+    if config is not None:  # the numerics the run computed in ("auto" resolved for its backend)
+        numerics = {"compute_dtype": config.compute_dtype, "matmul_precision": config.matmul_precision}
+        settings = {**settings, **numerics}
     if seeds is not None:
         summary, per_seed = group_results(record, model, score, threshold, x_key)
         return {**head, **summary, "settings": settings, **where, "per_seed": per_seed}

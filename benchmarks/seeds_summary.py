@@ -74,6 +74,8 @@ def group_table(groups: dict[str, dict]) -> str:
         device = r.get("device_kind", "")
         if r.get("backend") == "cpu":  # a CPU's wall-clock names the CPU and its cores
             device = f"{r.get('cpu_model', 'CPU')}, {r.get('machine', '').split(' ', 1)[-1]}"
+        if r.get("settings", {}).get("compute_dtype", "float32") != "float32":
+            device += f", {r['settings']['compute_dtype']}"
         cells = [CHECKS[r["_key"]].split(" (")[0], ", ".join(map(str, seeds)), scores]
         cells += [f"{r['mean']:.1f}", f"{r['iqm']:.1f}", f"{r['threshold']:g}", passing]
         cells += [f"{r['wall_seconds'] / 60:.0f} min", device, r.get("date", ""), r.get("commit", "") or "-"]

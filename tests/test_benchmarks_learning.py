@@ -93,6 +93,7 @@ def test_a_seed_group_check_stopped_by_its_budget_resumes_exactly(agent, tmp_pat
         k: second[k] for k in ("mean", "iqm", "n_passed")
     }
     assert whole["n_seeds"] == 2 and whole["backend"] == "cpu" and "--smoke" in whole["command"]
+    assert whole["settings"]["compute_dtype"] == "float32"  # "auto" as resolved on the CPU, recorded
     states = []
     for run in ("whole", "split"):
         files = json.loads((tmp_path / run / "checkpoint" / "progress.json").read_text())["files"]
