@@ -22,6 +22,11 @@ that many seconds from the process's start. The train/* statistics go to progres
 folder (one per process). Writes the result to benchmarks/results/dreamerv3_<task>_seed<seed>.json
 (``..._seeds0-4.json``), with ``"done": false`` until the last row.
 
+``--eval-envs N`` runs an evaluation's 10 episodes on N envs at once (one ``predict`` per step for
+all of them; ``evaluation.evaluate_fresh``): the same protocol with other initial states and draws,
+for accelerator hosts where the 10 x 500 one-by-one steps of a CartPole-v1 evaluation cost more than
+the training between two evaluations. The result's ``command`` records it; the default is 1.
+
 ``--smoke``: the smallest DreamerV3 (``SMOKE_SETTINGS``), 1 env per seed, two Pendulum-v1 episodes
 (402 rows, a checkpoint after each: 201 rows) and 1 evaluation episode; the result and checkpoints
 go to benchmarks/results/checkpoints/smoke/ unless ``--results``/``--checkpoint`` say otherwise.
@@ -93,8 +98,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--budget-s", type=float, default=None, help="stop before a segment would end past this (seconds)"
     )
+    parser.add_argument(
+        "--eval-envs", type=int, default=1, help="envs an evaluation's episodes run on at once (see above)"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny settings (see above)")
     args = parser.parse_args(argv)
+    if not 1 <= args.eval_envs <= EVAL_EPISODES:
+        parser.error(f"--eval-envs must be between 1 and the {EVAL_EPISODES} episodes of an evaluation")
     task = TASKS[args.task]
     settings = SMOKE["settings"] if args.smoke else PAPER_ERA
     rows = args.rows or (SMOKE["rows"] if args.smoke else task["rows"])
@@ -117,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
     model, record = learn_in_segments(
         make_model,
         rows,
-        evaluate_fresh(make_eval_env, None, episodes, task["deterministic"]),
+        evaluate_fresh(make_eval_env, None, episodes, task["deterministic"], min(args.eval_envs, episodes)),
         eval_every=eval_every,
         checkpoint_every=args.chunk or eval_every,
         checkpoint=checkpoint,

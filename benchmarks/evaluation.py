@@ -363,15 +363,28 @@ def pickled_envs(model: BaseAlgorithm) -> bytes | None:
 
 
 def evaluate_fresh(
-    make_env: Callable[[int], Any], seed: int | None, episodes: int, deterministic: bool
+    make_env: Callable[[int], Any], seed: int | None, episodes: int, deterministic: bool, envs: int = 1
 ) -> Callable[[BaseAlgorithm, int], list[float]]:
     """``evaluate(model, index)``: ``episodes`` episodes on ``make_env(seed)`` with seed
     ``10_000 + 1_000 * seed + index`` (each evaluation its own fresh, reproducible episodes); with
-    ``seed=None``, the evaluated model's own seed (a seed group's ``seed_model(i)`` has the i-th)."""
+    ``seed=None``, the evaluated model's own seed (a seed group's ``seed_model(i)`` has the i-th).
+
+    ``envs`` > 1 runs the episodes on that many envs at once (SB3's ``evaluate_policy`` over a
+    ``DummyVecEnv``: one ``predict`` per step for all of them, each env's share of the episodes
+    as ``evaluate_policy`` splits them): env 0 seeded as above, env k with a seed drawn from
+    ``SeedSequence([that seed, k])``. The same protocol (fresh episodes of the same policy), other
+    initial states and draws than one env's; the episodes are listed as they end.
+    """
 
     def evaluate(model: BaseAlgorithm, index: int) -> list[float]:
         own = model.seed if seed is None else seed
-        env = make_env(10_000 + 1_000 * own + index)
+        base = 10_000 + 1_000 * own + index
+        if envs == 1:
+            env = make_env(base)
+        else:
+            drawn = [int(np.random.SeedSequence([base, k]).generate_state(1)[0]) for k in range(1, envs)]
+            seeds = [base, *drawn]
+            env = DummyVecEnv([functools.partial(make_env, s) for s in seeds])
         rewards, _ = evaluate_policy(
             model, env, n_eval_episodes=episodes, deterministic=deterministic, return_episode_rewards=True
         )

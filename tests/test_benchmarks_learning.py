@@ -3,6 +3,7 @@ a seed group's check, stopped by its time budget and resumed, ends as the uninte
 
 from __future__ import annotations
 
+import collections
 import json
 import sys
 from pathlib import Path
@@ -56,6 +57,16 @@ def test_a_checkpointed_run_resumes_where_it_stopped(tmp_path):
     assert all(len(p["eval_returns"]) == 2 and p["seconds"] > 0 for p in record["curve"])
     saved = json.loads((tmp_path / "progress.json").read_text())  # only the last checkpoint is kept
     assert sorted(p.name for p in tmp_path.glob("*_*")) == sorted(saved["files"].values())
+
+
+def test_an_evaluation_on_several_envs_runs_env_0_as_the_one_env_evaluation():
+    """``evaluate_fresh(..., envs=3)``: six episodes, two per env, one ``predict`` per step for the three
+    envs. Env 0 is seeded as the one-env evaluation, so with the deterministic policy its two
+    episodes are the one-env evaluation's (``evaluate_policy`` lists episodes as they end)."""
+    model = make_model()
+    one = evaluate_fresh(make_eval_env, seed=3, episodes=2, deterministic=True)(model, 5)
+    three = evaluate_fresh(make_eval_env, seed=3, episodes=6, deterministic=True, envs=3)(model, 5)
+    assert len(three) == 6 and not collections.Counter(one) - collections.Counter(three)
 
 
 # ------------------------------------------------------------------ seed groups, resumed in segments
