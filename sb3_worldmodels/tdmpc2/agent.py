@@ -301,16 +301,21 @@ def estimate_value(
     """
     cond = None if task is None else N.task_conditioning(config, params, task)
     gamma = discount(config, task)
+    latents = [z]  # the rollout first, then every step's reward (and termination) in one call (H, S)
+    for t in range(config.horizon):
+        latents.append(N.next_latent(config, params, latents[-1], actions[t], cond))
+    z = latents[-1]
+    rewards = N.decode(config, N.reward_logits(config, params, jnp.stack(latents[:-1]), actions, cond))
+    if config.episodic:
+        ends = N.termination_logit(config, params, jnp.stack(latents[1:]))
+        fired = (jax.nn.sigmoid(ends) > 0.5).astype(jnp.float32)
     value = jnp.zeros(z.shape[:-1], jnp.float32)
     done = jnp.zeros(z.shape[:-1], jnp.float32)
     weight: float | Array = 1.0
     for t in range(config.horizon):
-        reward = N.decode(config, N.reward_logits(config, params, z, actions[t], cond))
-        z = N.next_latent(config, params, z, actions[t], cond)
-        value = value + weight * (1.0 - done) * reward
+        value = value + weight * (1.0 - done) * rewards[t]
         if config.episodic:
-            fired = (jax.nn.sigmoid(N.termination_logit(config, params, z)) > 0.5).astype(jnp.float32)
-            done = jnp.minimum(1.0, done + fired)
+            done = jnp.minimum(1.0, done + fired[t])
         weight *= gamma
     _, action, _, _ = N.policy(config, params, z, pi_eps, cond)
     q = N.q_pair_value(config, params["qs"], z, action, pair, dropout_key, "avg", cond)
