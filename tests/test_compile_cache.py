@@ -152,7 +152,8 @@ def run_fresh_process(xdg_cache_home: Path) -> dict:
 def test_a_second_process_loads_every_agent_program_the_first_compiled(tmp_path):
     """Two identical processes train a tiny TD-MPC2 one after the other: the first finds nothing and
     writes its agent programs, the second loads each of them and compiles none of them. Both compile
-    the same eager operations, each faster than the cache's threshold (not written)."""
+    the same eager operations, which are not written while they compile faster than the cache's
+    threshold; on a loaded machine one may take longer in the second process and be written then."""
     first = run_fresh_process(tmp_path)
     second = run_fresh_process(tmp_path)
     folder = tmp_path / "sb3_worldmodels" / "jax"
@@ -161,6 +162,7 @@ def test_a_second_process_loads_every_agent_program_the_first_compiled(tmp_path)
     agent_programs = {"jit(init_params)", "jit(counted_train_step)", "jit(act)"}
     assert first["hits"] == [] and agent_programs <= set(first["written"])
     assert sorted(second["hits"]) == sorted(first["written"])
-    assert second["written"] == [] and not set(second["misses"]) & set(first["written"])
+    assert not set(second["misses"]) & set(first["written"])  # nothing the first wrote compiled again
+    assert set(second["written"]) <= set(first["misses"]) - set(first["written"])  # eager ops only
     assert sorted(second["misses"]) == sorted(m for m in first["misses"] if m not in first["written"])
-    assert len(list(folder.glob("*-cache"))) == len(first["written"])
+    assert len(list(folder.glob("*-cache"))) == len(first["written"]) + len(second["written"])
