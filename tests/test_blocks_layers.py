@@ -279,6 +279,23 @@ def test_layer_norm_is_pytorchs() -> None:
         np.testing.assert_allclose(jax.jit(layer.apply)({"params": p}, x), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_layer_norm_one_pass_statistics_round_as_the_mean_to_spread_ratio_says() -> None:
+    """The mean and variance come from one pass (E[x²] − E[x]²): against float64's two-pass LayerNorm a
+    row whose mean is r standard deviations from 0 is within 1e-6·(1 + r²) (3e-4 at r = 30; hidden
+    layers' rows sit near r = 0, since LayerNorm is blind to a row's common mode and training never
+    grows it); a constant row's variance is 0, never negative."""
+    rng = np.random.default_rng(0)
+    ones, zeros = jnp.ones(384), jnp.zeros(384)
+    for ratio in (0.0, 1.0, 3.0, 10.0, 30.0):
+        x = rng.normal(size=(64, 384)) + ratio * rng.choice([-1.0, 1.0], size=(64, 1))
+        centred = x - x.mean(-1, keepdims=True)
+        want = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + L.LN_EPS)
+        got = np.asarray(jax.jit(L.layer_norm)(jnp.asarray(x, jnp.float32), ones, zeros))
+        np.testing.assert_allclose(got, want, atol=1e-6 * (1.0 + ratio**2), err_msg=f"mean/std {ratio}")
+    flat = np.asarray(jax.jit(L.layer_norm)(jnp.full((3, 384), 7.3, jnp.float32), ones, zeros))
+    assert np.isfinite(flat).all() and np.abs(flat).max() < 0.1
+
+
 def test_layer_norm_mish_backward_equals_autodiff_of_the_plain_formulas():
     """The hand-written backward pass of LayerNorm → Mish against autodiff of x·tanh(softplus(x)) after
     the textbook LayerNorm, on inputs that reach Mish's flat tail and its pass-through above 20."""
