@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from sb3_worldmodels.blocks.math import symlog
+from sb3_worldmodels.blocks.softmax import argmax_onehot, log_softmax, softmax, sum_last
 
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
@@ -62,8 +63,8 @@ def unimix_logits(logits: ArrayLike, mix: float) -> Array:
     if not jnp.issubdtype(logits.dtype, jnp.floating):
         logits = logits.astype(jnp.float32)
     if not isinstance(mix, jax.core.Tracer) and mix == 0.0:  # a traced mix: one per seed, any value
-        return jax.nn.log_softmax(logits, axis=-1)
-    probs = jax.nn.softmax(logits, axis=-1)
+        return log_softmax(logits)
+    probs = softmax(logits)
     probs = (1.0 - mix) * probs + mix / logits.shape[-1]
     return jnp.log(probs)
 
@@ -81,9 +82,9 @@ def categorical_kl(logits_q: ArrayLike, logits_p: ArrayLike) -> Array:
     Returns:
         (...) float32, one KL per latent.
     """
-    logq = jax.nn.log_softmax(jnp.asarray(logits_q, jnp.float32), axis=-1)
-    logp = jax.nn.log_softmax(jnp.asarray(logits_p, jnp.float32), axis=-1)
-    return jnp.sum(jnp.exp(logq) * (logq - logp), axis=-1)
+    logq = log_softmax(jnp.asarray(logits_q, jnp.float32))
+    logp = log_softmax(jnp.asarray(logits_p, jnp.float32))
+    return sum_last(jnp.exp(logq) * (logq - logp))
 
 
 def free_nats(kl: ArrayLike, free: float) -> Array:
@@ -93,20 +94,19 @@ def free_nats(kl: ArrayLike, free: float) -> Array:
 
 def categorical_entropy(logits: ArrayLike) -> Array:
     """−Σ_c p_c·log p_c over the last axis; (..., C) → (...)."""
-    logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
-    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    logp = log_softmax(jnp.asarray(logits, jnp.float32))
+    return -sum_last(jnp.exp(logp) * logp)
 
 
 def categorical_log_prob(logits: ArrayLike, onehot: ArrayLike) -> Array:
     """Σ_c onehot_c·log_softmax(logits)_c; (..., C), (..., C) → (...)."""
-    logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
-    return jnp.sum(jnp.asarray(onehot, jnp.float32) * logp, axis=-1)
+    logp = log_softmax(jnp.asarray(logits, jnp.float32))
+    return sum_last(jnp.asarray(onehot, jnp.float32) * logp)
 
 
 def onehot_mode(logits: ArrayLike) -> Array:
     """One-hot of argmax(logits) (no gradient); (..., C) → (..., C) float32."""
-    logits = jnp.asarray(logits)
-    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    return argmax_onehot(logits)
 
 
 # --------------------------------------------------------------------------------------------

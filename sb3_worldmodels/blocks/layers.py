@@ -25,6 +25,7 @@ import numpy as np
 
 from sb3_worldmodels.blocks.convolution import conv2d
 from sb3_worldmodels.blocks.random import hash_bernoulli
+from sb3_worldmodels.blocks.softmax import softmax
 
 Array = jax.Array
 Initializer = Callable[[Array, Sequence[int], Any], Array]
@@ -210,7 +211,7 @@ def simnorm(x: Array, dim: int = 8) -> Array:
     if shape[-1] % dim:
         raise ValueError(f"last axis {shape[-1]} is not divisible by simnorm dim {dim}")
     groups = x.reshape(*shape[:-1], shape[-1] // dim, dim)
-    return jax.nn.softmax(groups, axis=-1).reshape(shape)
+    return softmax(groups).reshape(shape)
 
 
 def _mean_rstd(x: Array, eps: float = LN_EPS) -> tuple[Array, Array]:

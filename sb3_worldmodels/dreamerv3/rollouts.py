@@ -28,6 +28,7 @@ from sb3_worldmodels.blocks.distributions import (
 )
 from sb3_worldmodels.blocks.math import symexp_bins, twohot_mean
 from sb3_worldmodels.blocks.random import gumbel_and_normal_noise
+from sb3_worldmodels.blocks.softmax import softmax
 from sb3_worldmodels.dreamerv3 import networks as N
 from sb3_worldmodels.dreamerv3.config import DreamerV3Config
 
@@ -82,7 +83,7 @@ def sample_onehot(logits: Array, gumbel: Array, dtype: Any = jnp.float32) -> Arr
     """
     logits = jnp.asarray(logits, jnp.float32)
     onehot = onehot_mode(logits + gumbel)
-    probs = jax.nn.softmax(logits, -1)
+    probs = softmax(logits)
     return (onehot + (probs - jax.lax.stop_gradient(probs))).astype(dtype)
 
 
