@@ -24,7 +24,7 @@ from sb3_worldmodels.tdmpc2 import (
     pool_tasks,
 )
 
-keep_freed_memory()  # at import, before JAX starts its threads (blocks/host_memory.py)
+keep_freed_memory()  # with SB3WM_MALLOC=on: at import, before JAX starts its threads (blocks/host_memory.py)
 
 __version__ = "0.1.0"
 __all__ = [

@@ -22,9 +22,9 @@ tolerances of the tests that compare programs of different shapes. The tolerance
 under XLA's own dot kernels; tests/test_blocks_jit.py runs the reference parity tests under the CPU's
 own choice.
 
-glibc's allocator is left as it is (``SB3WM_MALLOC=off``): the package's setting keeps the heap's
-peak resident in every worker that runs many programs; tests/test_host_memory.py runs its own
-processes with it.
+glibc's allocator is left as it is (``SB3WM_MALLOC=off``, the default too): the package's setting
+keeps the heap's peak resident in every worker that runs many programs; tests/test_host_memory.py
+runs its own processes with it.
 """
 
 from __future__ import annotations

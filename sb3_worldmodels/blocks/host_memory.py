@@ -1,21 +1,27 @@
-"""glibc's allocator set to keep freed memory for the next jitted call, on Linux, at import.
+"""glibc's allocator set to keep freed memory for the next jitted call, on Linux, at import, when asked
+(``SB3WM_MALLOC=on``); by default glibc is left as it is.
 
 XLA's CPU runtime allocates each call's temporary buffers as one block (340 MB for a DreamerV3
-"1m" update at 16 x 64) from the thread that runs the program. glibc serves a block that large from a
-fresh ``mmap`` and unmaps it when freed, so every call touches every page of it anew: 87,116 page
-faults per update, a quarter of its time on an Intel Xeon KVM guest (docs/performance.md, The memory
-allocator). :func:`keep_freed_memory` sets glibc's ``mallopt`` so that freed memory stays in the
+"1m" update at 16 x 64) from one of its threads. glibc serves a block that large from a fresh
+``mmap`` and unmaps it when freed, so every call touches every page of it anew: 87,116 page faults
+per update. :func:`keep_freed_memory` sets glibc's ``mallopt`` so that freed memory stays in the
 process for the next call: one arena for all threads (``M_ARENA_MAX`` 1; a thread's own arena could
 not hold the block and would map it anyway), no ``mmap`` for large blocks (``M_MMAP_MAX`` 0) and no
-trimming of the heap's free top below 2 GiB (``M_TRIM_THRESHOLD``). The process keeps its peak heap
-resident, as jemalloc's ``retain`` does. Unlike jemalloc's, glibc's small allocations may take a piece
-of a freed block, so on a busy machine a call now and then grows the heap again (and faults its pages).
+trimming of the heap's free top below 2 GiB (``M_TRIM_THRESHOLD``).
+
+Why it is not the default: in a process that compiles a program, XLA's compiler leaves the single
+arena in a state where the small aligned allocations of every later call (the thunk executor's and
+YNNPACK's, from several threads) spend their time in glibc's ``_int_malloc``: a DreamerV3 "1m"
+update then takes 510-600 ms instead of 356-372 with glibc left alone, TD-MPC2's plan and update
+1.2x as long, and their compiles 1.5x (Intel Xeon, AVX-512, 2026-12-06,
+``benchmarks/allocator_speed.py``). Only a process that loads every program from the compilation
+cache and compiles none gains (the update 305-340 ms). A learning run compiles its programs the
+first time, so the setting is for runs that start from a warm cache and compile nothing else.
 
 It runs once, when ``sb3_worldmodels`` is imported: threads that already took an arena (JAX's, when
-the process ran JAX programs before the import) keep theirs, so the gain needs the import first.
-Left alone: ``SB3WM_MALLOC=off`` (also ``0``, ``false``, ``no``); a process that set glibc's own
-settings (``GLIBC_TUNABLES`` with ``glibc.malloc``, ``MALLOC_ARENA_MAX`` or any other ``MALLOC_*``
-variable) or preloads another allocator (``LD_PRELOAD``); a C library other than
+the process ran JAX programs before the import) keep theirs. Never applied where the process chose
+its allocator: glibc's own settings (``GLIBC_TUNABLES`` with ``glibc.malloc``, ``MALLOC_ARENA_MAX``
+or any other ``MALLOC_*`` variable), another allocator (``LD_PRELOAD``), a C library other than
 glibc.
 """
 
@@ -26,7 +32,8 @@ import os
 import sys
 
 MALLOC_ENV = "SB3WM_MALLOC"
-"""``off`` (or ``0``, ``false``, ``no``) leaves glibc's allocator as it is."""
+"""``on`` (or ``1``, ``true``, ``yes``) sets glibc's allocator at import (:func:`keep_freed_memory`);
+unset or anything else leaves it as it is."""
 
 M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
 """glibc's ``mallopt`` parameters (malloc.h)."""
@@ -46,12 +53,13 @@ def users_own_allocator_settings(environ: os._Environ[str] | dict[str, str] | No
 
 
 def keep_freed_memory() -> bool:
-    """Set :data:`SETTINGS` in glibc once per process; True where they were set (see the module)."""
+    """Set :data:`SETTINGS` in glibc once per process where :data:`MALLOC_ENV` asks for it; True where
+    they were set (see the module)."""
     global _applied
     if _applied is not None:
         return _applied
     _applied = False
-    if os.environ.get(MALLOC_ENV, "").strip().lower() in ("off", "0", "false", "no"):
+    if os.environ.get(MALLOC_ENV, "").strip().lower() not in ("on", "1", "true", "yes"):
         return False
     if not sys.platform.startswith("linux") or users_own_allocator_settings():
         return False
