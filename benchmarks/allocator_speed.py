@@ -1,7 +1,9 @@
-"""glibc's allocator left alone (the default) against ``SB3WM_MALLOC=on``, in a process that compiles
-its programs and in one that loads them all from the compilation cache.
+"""glibc's allocator left alone (the default) against ``SB3WM_MALLOC=on`` and against transparent huge
+pages for its large blocks (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` at launch), in a process that
+compiles its programs and in one that loads them all from the compilation cache.
 
     python benchmarks/allocator_speed.py --rounds 2 --out benchmarks/results/allocator_cpu.jsonl
+    python benchmarks/allocator_speed.py --setting off --setting hugetlb
 
 Each round runs, for each setting in turn, ``dreamerv3_speed.py --config update-1m`` and
 ``tdmpc2_speed.py --size 1`` twice in fresh processes that share a new, empty compilation cache: the
@@ -37,10 +39,20 @@ KEPT = {
 }
 
 
+SETTINGS = {
+    "off": {"SB3WM_MALLOC": "off", "GLIBC_TUNABLES": ""},
+    "on": {"SB3WM_MALLOC": "on", "GLIBC_TUNABLES": ""},
+    "hugetlb": {"SB3WM_MALLOC": "off", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
+}
+"""The environments compared: glibc as it comes, the package's setting, glibc's large blocks madvised
+as transparent huge pages (glibc 2.35 or later; THP in "madvise" or "always" mode)."""
+
+
 def run(agent: str, setting: str, cache: str, repeats: int) -> dict:
-    """One benchmark process of ``agent`` with ``SB3WM_MALLOC=setting`` and the cache folder ``cache``."""
+    """One benchmark process of ``agent`` in the environment :data:`SETTINGS` names ``setting``, with
+    the compilation cache folder ``cache``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
-    env.update(SB3WM_MALLOC=setting, SB3WM_COMPILATION_CACHE=cache)
+    env.update(SETTINGS[setting], SB3WM_COMPILATION_CACHE=cache)
     script, *args = RUNS[agent]
     out = subprocess.run(
         [sys.executable, str(HERE / script), *args, str(repeats)],
@@ -58,15 +70,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--agent", choices=sorted(RUNS), action="append", help="default: both")
+    parser.add_argument("--setting", choices=sorted(SETTINGS), action="append", help="default: off, on")
     parser.add_argument("--out", type=Path, help="append the rows to this .jsonl file")
     args = parser.parse_args()
     machine = {**run_record(), **cpu_info().as_dict()}
     for round_ in range(args.rounds):
         for agent in args.agent or sorted(RUNS):
-            for setting in ("off", "on"):
+            for setting in args.setting or ["off", "on"]:
                 with tempfile.TemporaryDirectory() as cache:
                     for process in ("compiles", "loads"):
-                        row = {"round": round_, "agent": agent, "SB3WM_MALLOC": setting, "process": process}
+                        row = {"round": round_, "agent": agent, "setting": setting, "process": process}
+                        row.update(SETTINGS[setting])
                         row.update(run(agent, setting, cache, args.repeats), **machine)
                         line = json.dumps(row)
                         print(line, flush=True)
