@@ -19,6 +19,8 @@ whose speed there is measured). The values are those of ``jax.nn.softmax`` and `
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -49,22 +51,23 @@ def _slices(x: Array) -> list[Array]:
     return [x[..., i : i + 1] for i in range(x.shape[-1])]
 
 
-def sum_last(x: ArrayLike, keepdims: bool = False) -> Array:
-    """Σ over the last axis; (..., C) → (...) (or (..., 1) with ``keepdims``)."""
+def _over_last(x: ArrayLike, combine: Callable[[Array, Array], Array], reduce: Any, keepdims: bool) -> Array:
+    """``combine`` folded over the last axis's slices where it is short, else ``reduce(x, axis=-1)``."""
     x = jnp.asarray(x)
     if small_axis(x.shape[-1]):
-        total = functools.reduce(jnp.add, _slices(x))
-        return total if keepdims else total[..., 0]
-    return jnp.sum(x, axis=-1, keepdims=keepdims)
+        out = functools.reduce(combine, _slices(x))
+        return out if keepdims else out[..., 0]
+    return reduce(x, axis=-1, keepdims=keepdims)
+
+
+def sum_last(x: ArrayLike, keepdims: bool = False) -> Array:
+    """Σ over the last axis; (..., C) → (...) (or (..., 1) with ``keepdims``)."""
+    return _over_last(x, jnp.add, jnp.sum, keepdims)
 
 
 def max_last(x: ArrayLike, keepdims: bool = False) -> Array:
     """max over the last axis; (..., C) → (...) (or (..., 1) with ``keepdims``)."""
-    x = jnp.asarray(x)
-    if small_axis(x.shape[-1]):
-        top = functools.reduce(jnp.maximum, _slices(x))
-        return top if keepdims else top[..., 0]
-    return jnp.max(x, axis=-1, keepdims=keepdims)
+    return _over_last(x, jnp.maximum, jnp.max, keepdims)
 
 
 @jax.custom_vjp
