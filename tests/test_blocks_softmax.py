@@ -39,15 +39,6 @@ def test_values_and_gradients_equal_jax_nn(classes: int) -> None:
     np.testing.assert_allclose(got, jax.grad(lambda x: jnp.sum(x.sum(-1) ** 2))(x), rtol=1e-6, atol=1e-5)
 
 
-def test_argmax_onehot_takes_the_first_of_equal_maxima_as_argmax() -> None:
-    rows = [[0.0, 0.0, 0.0, 0.0], [1.0, 3.0, 3.0, 0.0], [-1.0, -2.0, -1.0, -5.0], [0.0, 1.0, 2.0, 9.0]]
-    x = jnp.asarray(rows)
-    want = jax.nn.one_hot(jnp.argmax(x, -1), 4)
-    np.testing.assert_array_equal(SM.argmax_onehot(x), want)
-    noisy = _logits((50, 32, 4))
-    np.testing.assert_array_equal(D.onehot_mode(noisy), jax.nn.one_hot(jnp.argmax(noisy, -1), 4))
-
-
 def test_the_callers_keep_their_values_under_jit_and_vmap() -> None:
     x, y = _logits((3, 6, 4)), _logits((3, 6, 4), seed=2)
     probs = jax.nn.softmax(x, -1)

@@ -1,4 +1,4 @@
-"""Softmax, log-softmax, sums and argmax over a short last axis, written without reductions on CPU.
+"""Softmax, log-softmax, sums and maxima over a short last axis, written without reductions on CPU.
 
 DreamerV3's latents are S categoricals of C classes (C = 4 at "1m"), TD-MPC2's SimNorm is a softmax
 over groups of 8, a discrete actor has a handful of actions. On a CPU, XLA hands reductions to
@@ -30,7 +30,6 @@ ArrayLike = jax.typing.ArrayLike
 
 __all__ = [
     "SMALL_AXIS",
-    "argmax_onehot",
     "log_softmax",
     "max_last",
     "small_axis",
@@ -116,17 +115,3 @@ def log_softmax(x: ArrayLike) -> Array:
     """``jax.nn.log_softmax`` over the last axis; (..., C) → (..., C)."""
     x = jnp.asarray(x)
     return _log_softmax_small(x) if small_axis(x.shape[-1]) else jax.nn.log_softmax(x, axis=-1)
-
-
-def argmax_onehot(x: ArrayLike, dtype: jnp.dtype = jnp.float32) -> Array:
-    """One-hot of argmax over the last axis (the first of equal maxima, as ``jnp.argmax``), no
-    gradient; (..., C) → (..., C) in ``dtype``."""
-    x = jax.lax.stop_gradient(jnp.asarray(x))
-    length = x.shape[-1]
-    if not small_axis(length):
-        return jax.nn.one_hot(jnp.argmax(x, axis=-1), length, dtype=dtype)
-    top = max_last(x, keepdims=True)
-    first = jnp.full(top.shape, length - 1, jnp.int32)
-    for i, column in reversed(list(enumerate(_slices(x)))):
-        first = jnp.where(column == top, i, first)
-    return (jnp.arange(length, dtype=jnp.int32) == first).astype(dtype)
