@@ -12,11 +12,12 @@ trimming of the heap's free top below 2 GiB (``M_TRIM_THRESHOLD``).
 Why it is not the default: in a process that compiles a program, XLA's compiler leaves the single
 arena in a state where the small aligned allocations of every later call (the thunk executor's and
 YNNPACK's, from several threads) spend their time in glibc's ``_int_malloc``: a DreamerV3 "1m"
-update then takes 510-600 ms instead of 356-372 with glibc left alone, TD-MPC2's plan and update
-1.2x as long, and their compiles 1.5x (Intel Xeon, AVX-512, 2026-12-06,
+update then takes 516-532 ms instead of 362-387 with glibc left alone, a TD-MPC2 agent step
+1.1-1.2x as long, and the compiles 1.5-1.7x (Intel Xeon, AVX-512, 2026-12-06,
 ``benchmarks/allocator_speed.py``). Only a process that loads every program from the compilation
-cache and compiles none gains (the update 305-340 ms). A learning run compiles its programs the
-first time, so the setting is for runs that start from a warm cache and compile nothing else.
+cache and compiles none gains (the update 325-335 ms instead of 356-377). A learning run compiles
+its programs the first time, so the setting is for runs that start from a warm cache and compile
+nothing else.
 
 It runs once, when ``sb3_worldmodels`` is imported: threads that already took an arena (JAX's, when
 the process ran JAX programs before the import) keep theirs. Never applied where the process chose
