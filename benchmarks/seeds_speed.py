@@ -9,8 +9,9 @@ Each seed count builds its model (``seed=0`` for one seed: the ordinary single-s
 ``[0, ..., S-1]`` otherwise), runs ``learn`` until the training calls are compiled, then times a
 further ``learn``: DreamerV3's milliseconds per update (the wall time over the updates each seed ran)
 and TD-MPC2's agent steps per second (each seed plans and updates once per agent step after its seed
-steps). The per-seed cost and the ratio to one seed are what a group buys. Memory: the accelerator's
-bytes in use after the run (where the backend reports it) and the process's peak RSS. Prints one JSON
+steps). The per-seed cost and the ratio to one seed are what a group buys. Memory: the state's and the
+replay's megabytes per seed, the accelerator's bytes in use after the run (where the backend reports
+it) and the process's peak RSS. Prints one JSON
 line per seed count, with the machine, the JAX backend and the date.
 """
 
@@ -41,6 +42,16 @@ TDMPC2_SETTINGS = dict(model_size=1, seed_steps=250)
 def device_bytes() -> int | None:
     stats = jax.devices()[0].memory_stats()
     return None if not stats else int(stats.get("bytes_in_use", 0))
+
+
+def memory_per_seed(model, n: int) -> dict:
+    """The agent state's bytes per seed (parameters, optimiser moments, normalisers, keys: the group's
+    stacked state over its seeds) and the replay's, as ``replay_bytes_per_seed`` counts it."""
+    leaves = jax.tree_util.tree_leaves(model.policy.state)
+    return {
+        "state_mb_per_seed": round(sum(leaf.nbytes for leaf in leaves) / n / 2**20, 2),
+        "replay_mb_per_seed": round(model.replay_bytes_per_seed / 2**20, 2),
+    }
 
 
 def seed_argument(n: int) -> int | list[int]:
@@ -101,6 +112,7 @@ def run_dreamerv3(n: int, smoke: bool, rows: int) -> dict:
         "updates_per_seed": per_seed,
         "ms_per_update": round(1000 * seconds / max(per_seed, 1), 2),
         "updates_per_s_all_seeds": round(n * per_seed / seconds, 2),
+        **memory_per_seed(model, n),
     }
 
 
@@ -122,6 +134,7 @@ def run_tdmpc2(n: int, smoke: bool, steps: int) -> dict:
         "agent_steps_per_seed": done,
         "agent_steps_per_s_per_seed": round(done / seconds, 2),
         "agent_steps_per_s_all_seeds": round(n * done / seconds, 2),
+        **memory_per_seed(model, n),
     }
 
 
