@@ -24,6 +24,10 @@ by float32's matmul passes on a TPU (``--numerics default --numerics tf32``).
 (the default: gather-free on every backend but the CPU), "on" or "off"; each row records the form
 it ran (``gather_free``).
 
+``--budget-s S`` compiles no further program once the next could end past S seconds (for hosts that
+limit a command's time): the programs compiled by then are timed and printed, the others named on
+stderr.
+
 Each timing is a median over ``--repeats`` calls after compilation; the seed counts of an agent are
 timed round-robin in one process, so a busy neighbour on the CPU affects every row alike. Prints one
 JSON line per row with the CPU model and the date.
@@ -189,7 +193,15 @@ def main() -> None:
         action="append",
         help="config overrides of the matmul precision or compute dtype, repeatable (default: default)",
     )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="compile no further program once the next one could end past this many seconds from the\n"
+        "start (the longest compile so far as its estimate); the compiled ones are timed",
+    )
     args = parser.parse_args()
+    started = time.perf_counter()
     common = {
         "cpu": cpu_info().describe(),
         "cpu_cores": os.cpu_count(),
@@ -209,8 +221,13 @@ def main() -> None:
         counts += [(n, True) for n in seed_counts if args.sharded and n > 1]
         keys = [(mode, num, n, sharded) for mode in modes for num in numerics for n, sharded in counts]
         calls, compiles, forms = {}, {}, {}
-        for key in keys:
+        for key in list(keys):
             mode, num, n, sharded = key
+            longest = max(compiles.values(), default=0.0)
+            if args.budget_s is not None and time.perf_counter() - started + longest > args.budget_s:
+                print(f"budget: {agent} {key} not compiled", file=sys.stderr, flush=True)
+                keys.remove(key)
+                continue
             with gather_free_forms(mode):  # the programs are built (and compiled) in this form
                 calls[key], compiles[key] = build(n, sharded, NUMERICS[num])
                 forms[key] = gather_free()
