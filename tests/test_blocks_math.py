@@ -193,6 +193,32 @@ def test_twohot_log_prob_matches_fixture() -> None:
     np.testing.assert_allclose(f["log_prob_zero_logits"], -np.log(255.0), rtol=1e-6)
 
 
+def test_twohot_log_prob_gradients_equal_autodiff_of_the_dense_form() -> None:
+    """The CPU form's hand-written backward (weights at two bins − total weight · softmax) against
+    autodiff of Σ twohot(x)·log_softmax(logits), for logits and the targets (whose gradient reaches
+    them through the two weights), with targets on a bin, between bins and beyond both ends."""
+    f = dv3("twohot")
+    bins = jnp.asarray(f["bins"])
+    logits = 3.0 * jax.random.normal(key(3), (6, 4, 255))
+    x = 40.0 * jax.random.normal(key(4), (6, 4))
+    x = x.at[0, 0].set(bins[100]).at[0, 1].set(1e12).at[0, 2].set(-1e12).at[0, 3].set(bins[127] + 1e-3)
+    cotangent = jax.random.normal(key(5), (6, 4))
+
+    def dense(lg: jax.Array, t: jax.Array) -> jax.Array:
+        target = B.twohot_encode(t, bins)
+        return jnp.sum(cotangent * jnp.sum(target * jax.nn.log_softmax(lg, -1), -1))
+
+    def ours(lg: jax.Array, t: jax.Array) -> jax.Array:
+        return jnp.sum(cotangent * B.twohot_log_prob(lg, t, bins))
+
+    with B.backend.gather_free_forms(False):
+        got = jax.jit(jax.value_and_grad(ours, (0, 1)))(logits, x)
+    want = jax.jit(jax.value_and_grad(dense, (0, 1)))(logits, x)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    np.testing.assert_allclose(got[1][0], want[1][0], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got[1][1], want[1][1], rtol=1e-5, atol=1e-9)
+
+
 def test_twohot_mean_is_exactly_zero_for_uniform_probabilities() -> None:
     for bins in (B.symexp_bins(255), dv3("twohot")["bins"], np.array([-3e8, -1.0, 1.0, 3e8], np.float32)):
         logits = np.zeros((3, bins.shape[0]), np.float32)

@@ -130,9 +130,9 @@ def twohot_log_prob(logits: ArrayLike, x: ArrayLike, bins: ArrayLike) -> Array:
     """Σ_i twohot(x)_i · log_softmax(logits)_i, the log-likelihood of ``x``.
 
     Only the two bins with weight are read (the other terms of the sum are exact zeros), so no
-    (..., n) target is built; on accelerators they are read by masked sums over the bins
-    (:func:`~sb3_worldmodels.blocks.backend.gather_free`). No stop-gradient is applied to ``x``;
-    callers pass ``sg(target)``.
+    (..., n) target is built: on CPU by gathers, on accelerators by masked sums over the bins
+    (:func:`~sb3_worldmodels.blocks.backend.gather_free`); the backward pass is written out. No
+    stop-gradient is applied to ``x``; callers pass ``sg(target)``.
 
     Args:
         logits: (..., n) float32.
@@ -142,14 +142,50 @@ def twohot_log_prob(logits: ArrayLike, x: ArrayLike, bins: ArrayLike) -> Array:
     Returns:
         (...) float32.
     """
-    logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
-    below, above, weight_below, weight_above = _twohot_pair(x, bins)
+    logits = jnp.asarray(logits, jnp.float32)
+    pair = _twohot_pair(x, bins)
+    shape = jnp.broadcast_shapes(logits.shape[:-1], pair[0].shape)
+    logits = jnp.broadcast_to(logits, (*shape, logits.shape[-1]))
+    return _pair_log_prob(logits, *(jnp.broadcast_to(part, shape) for part in pair))
+
+
+@jax.custom_vjp
+def _pair_log_prob(
+    logits: Array, below: Array, above: Array, weight_below: Array, weight_above: Array
+) -> Array:
+    """weight_below·log_softmax(logits)[below] + weight_above·log_softmax(logits)[above], (...), with
+    the closed-form gradient (weights at the two bins − total weight · softmax) in one elementwise
+    pass over the bins: autodiff of the gathers scatters into a zeroed (..., n) array instead, which on
+    CPU costs more than the loss, and adds a reduction over the bins (tested against autodiff)."""
+    return _pair_log_prob_fwd(logits, below, above, weight_below, weight_above)[0]
+
+
+def _pair_log_prob_fwd(
+    logits: Array, below: Array, above: Array, weight_below: Array, weight_above: Array
+) -> tuple[Array, tuple[Array, ...]]:
+    logp = jax.nn.log_softmax(logits, axis=-1)
     if gather_free():
         lp_below, lp_above = select_along(logp, below), select_along(logp, above)
     else:
         lp_below = jnp.take_along_axis(logp, below[..., None], axis=-1)[..., 0]
         lp_above = jnp.take_along_axis(logp, above[..., None], axis=-1)[..., 0]
-    return weight_below * lp_below + weight_above * lp_above
+    out = weight_below * lp_below + weight_above * lp_above
+    return out, (logp, below, above, weight_below, weight_above, lp_below, lp_above)
+
+
+def _pair_log_prob_bwd(res: tuple[Array, ...], g: Array) -> tuple[Array | None, ...]:
+    logp, below, above, weight_below, weight_above, lp_below, lp_above = res
+    g_below, g_above = g * weight_below, g * weight_above
+    index = jax.lax.broadcasted_iota(jnp.int32, logp.shape, logp.ndim - 1)
+    d_logits = (
+        jnp.where(index == below[..., None], g_below[..., None], 0.0)
+        + jnp.where(index == above[..., None], g_above[..., None], 0.0)
+        - (g_below + g_above)[..., None] * jnp.exp(logp)
+    )
+    return d_logits, None, None, g * lp_below, g * lp_above
+
+
+_pair_log_prob.defvjp(_pair_log_prob_fwd, _pair_log_prob_bwd)
 
 
 def twohot_mean(logits: ArrayLike, bins: ArrayLike) -> Array:
