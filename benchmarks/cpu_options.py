@@ -2,6 +2,7 @@
 
     python benchmarks/cpu_options.py                      # DreamerV3 "1m" update, TD-MPC2 size 1
     python benchmarks/cpu_options.py --repeats 30 --out benchmarks/results/cpu_options.jsonl
+    python benchmarks/cpu_options.py --agents matmul      # the CPU's float32 matmul rate, GFLOP/s
 
 XLA's CPU options change the speed of the same program differently on different CPUs (an option that
 helps a CPU without AVX-512 can cost another with it), so the package's choice
@@ -10,7 +11,10 @@ Every (program, option set) pair is compiled, then timed round-robin (one call o
 a busy neighbour affects every row alike; each row's median is reported with its ratio to the first
 option set's (by default the package's choice for this CPU). Programs: DreamerV3 "1m" at 16x64 (one
 update, CartPole shapes) and TD-MPC2 size 1 (one plan and one update, Pendulum shapes: agent steps
-per second). Prints one JSON line per row with the CPU's model and vector extensions, and appends
+per second). ``matmul``: the rate of one large jitted float32 matmul (2048 x 2048 x 2048) and of
+TD-MPC2 size 1's hidden layer (eight 512 x 384 x 384 matmuls in one program), in GFLOP/s: with an
+agent's matmul FLOPs (``tools/profile_update.py --flops``) it gives the least time a step can take on
+this CPU. Prints one JSON line per row with the CPU's model and vector extensions, and appends
 them to ``--out`` if given.
 """
 
@@ -59,6 +63,36 @@ def build_dreamerv3(options: dict) -> tuple[float, Callable[[], float]]:
     return compile_s, time_update
 
 
+PROGRAMS = {
+    "dreamerv3": 'DreamerV3 "1m" update 16x64',
+    "tdmpc2": "TD-MPC2 size 1 plan + update",
+    "matmul": "float32 matmul rate",
+}
+MATMUL_SHAPES = {"2048 x 2048 x 2048": (2048, 2048, 2048, 1), "8 x (512 x 384 x 384)": (512, 384, 384, 8)}
+"""name: (rows, inner, columns, matmuls in one program)."""
+
+
+def build_matmul(options: dict, shape: tuple[int, int, int, int]) -> tuple[float, Callable[[], float], float]:
+    """``count`` independent float32 matmuls of ``rows x inner`` by ``inner x columns`` in one program
+    compiled under ``options``: (compile seconds, a function timing one call, FLOPs per call)."""
+    rows, inner, columns, count = shape
+    rng = np.random.default_rng(0)
+    a = jax.device_put(rng.standard_normal((count, rows, inner), dtype=np.float32))
+    b = jax.device_put(rng.standard_normal((count, inner, columns), dtype=np.float32))
+    matmul = jax.jit(lambda x, y: [x[i] @ y[i] for i in range(count)], compiler_options=options)
+    start = time.perf_counter()
+    compiled = matmul.lower(a, b).compile()
+    compile_s = time.perf_counter() - start
+    jax.block_until_ready(compiled(a, b))
+
+    def time_call() -> float:
+        t = time.perf_counter()
+        jax.block_until_ready(compiled(a, b))
+        return time.perf_counter() - t
+
+    return compile_s, time_call, 2.0 * rows * inner * columns * count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=15, help="rounds of timed calls")
@@ -70,7 +104,7 @@ def main() -> None:
         help="default: all, this CPU's choice first",
     )
     parser.add_argument(
-        "--agents", nargs="+", default=["dreamerv3", "tdmpc2"], choices=["dreamerv3", "tdmpc2"]
+        "--agents", nargs="+", default=["dreamerv3", "tdmpc2"], choices=["dreamerv3", "tdmpc2", "matmul"]
     )
     parser.add_argument("--out", type=Path, default=None, help="append the rows to this .jsonl file")
     args = parser.parse_args()
@@ -81,6 +115,7 @@ def main() -> None:
 
     timers: dict[tuple[str, str, str], Callable[[], float]] = {}
     compile_s: dict[tuple[str, str], dict[str, float]] = {}
+    flops: dict[str, float] = {}
     for name in args.sets:
         options = J.CPU_OPTION_SETS[name]
         if "dreamerv3" in args.agents:
@@ -92,6 +127,12 @@ def main() -> None:
             timers["tdmpc2", name, "plan"] = row["time_plan"]
             timers["tdmpc2", name, "update"] = row["time_update"]
             compile_s["tdmpc2", name] = {"plan": row["plan_compile_s"], "update": row["update_compile_s"]}
+        if "matmul" in args.agents:
+            compile_s["matmul", name] = {}
+            for shape_name, shape in MATMUL_SHAPES.items():
+                seconds, timer, flops[shape_name] = build_matmul(options, shape)
+                timers["matmul", name, shape_name] = timer
+                compile_s["matmul", name][shape_name] = round(seconds, 1)
     times: dict[tuple[str, str, str], list[float]] = {key: [] for key in timers}
     for _ in range(args.repeats):
         for key, timer in timers.items():
@@ -111,12 +152,16 @@ def main() -> None:
                 for (a, n, part), t in times.items()
                 if (a, n) == (agent, name)
             }
+            if agent == "matmul":
+                parts = {
+                    f"{part} GFLOP/s": round(flops[part] / float(np.median(t)) / 1e9, 1)
+                    for (a, n, part), t in times.items()
+                    if (a, n) == (agent, name)
+                }
             rows.append(
                 {
                     "agent": agent,
-                    "program": 'DreamerV3 "1m" update 16x64'
-                    if agent == "dreamerv3"
-                    else "TD-MPC2 size 1 plan + update",
+                    "program": PROGRAMS[agent],
                     "options": name,
                     "compiler_options": J.CPU_OPTION_SETS[name],
                     **parts,
