@@ -144,7 +144,7 @@ def main() -> None:
     cpu = cpu_info()
     rows = []
     for agent in args.agents:
-        first = ms(agent, args.sets[0])
+        first_ms = ms(agent, args.sets[0])
         for name in args.sets:
             total = ms(agent, name)
             parts = {
@@ -166,7 +166,7 @@ def main() -> None:
                     "compiler_options": J.CPU_OPTION_SETS[name],
                     **parts,
                     "ms_per_step": round(total, 1),
-                    "time_ratio_to_first": round(total / first, 3),
+                    "time_ratio_to_first": round(total / first_ms, 3),
                     "compile_s": compile_s[agent, name],
                     "package_choice": J.CPU_OPTION_SETS[name] == J.cpu_compiler_options(cpu),
                     "repeats": args.repeats,
