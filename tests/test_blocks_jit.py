@@ -164,6 +164,27 @@ def test_the_cpu_options_are_chosen_by_the_cpu_or_named(tmp_path, monkeypatch):
         J.cpu_compiler_options(intel)
 
 
+def test_the_cpu_options_reach_cpu_programs_only(monkeypatch):
+    """The agents' programs carry the CPU's XLA options on the CPU and none on an accelerator (a GPU's
+    code generator would apply the CPU's LLVM level to its own kernels)."""
+    built: list[dict] = []
+    jit = J.jax.jit
+
+    def recording_jit(fn, **kwargs):
+        built.append(kwargs["compiler_options"])
+        return jit(fn, **kwargs)
+
+    monkeypatch.setattr(J.jax, "jit", recording_jit)
+    fn = J.agent_jit(lambda config, x: x * config.scale)
+    fn.for_config(Config(scale=2.0))
+    assert built == [J.COMPILER_OPTIONS] and J.COMPILER_OPTIONS  # the suite pins a non-empty set
+    for accelerator in ("gpu", "tpu"):
+        monkeypatch.setattr(J.jax, "default_backend", lambda name=accelerator: name)
+        fn.for_config(Config(scale=3.0))
+        fn.over_seeds(Config(scale=3.0))
+        assert built[-2:] == [{}, {}]
+
+
 def test_the_suite_runs_under_the_pinned_cpu_options():
     """tests/conftest.py names a set (``ynn_fusions_off`` unless the run names another) before the
     package reads it: the agents' programs in this process are compiled under it."""

@@ -23,7 +23,8 @@ CPU_OPTION_SETS: dict[str, dict[str, Any]] = {
     "llvm_level_1": {"xla_backend_optimization_level": 1},
     "xla_defaults": {},
 }
-"""The named sets of XLA options for the agents' CPU programs (other backends ignore them). LLVM's
+"""The named sets of XLA options for the agents' CPU programs (passed on the CPU only:
+:func:`backend_compiler_options`). LLVM's
 level 1 instead of the default halves the compile time of the DreamerV3 update, which dominates a
 short run, at no measured cost in step time. Without YNNPACK fusions the dots run on XLA's own
 (multi-threaded) kernels: faster on a CPU without AVX-512, slower on an AMD CPU with it, the same on
@@ -58,7 +59,16 @@ def cpu_compiler_options(cpu: CpuInfo | None = None, choice: str | None = None) 
 
 
 COMPILER_OPTIONS = cpu_compiler_options()
-"""The XLA options of the agents' jitted functions in this process (:func:`cpu_compiler_options`)."""
+"""The XLA options of the agents' jitted functions on this host's CPU (:func:`cpu_compiler_options`)."""
+
+
+def backend_compiler_options() -> dict[str, Any]:
+    """The XLA options of a program compiled now: :data:`COMPILER_OPTIONS` when JAX's default backend
+    is the CPU, none on an accelerator. XLA reads the options' names on every backend, and a GPU's
+    code generator applies ``xla_backend_optimization_level`` to its own kernels, which the CPU's
+    measurements never chose. Asked when a program is built (not at import), so that a process
+    whose backend is set later (``jax.distributed.initialize``, ``JAX_PLATFORMS``) gets its own."""
+    return dict(COMPILER_OPTIONS) if jax.default_backend() == "cpu" else {}
 
 
 def cpu_options_name(options: dict[str, Any] | None = None) -> str:
@@ -167,7 +177,7 @@ def _per_seed(config: Any) -> bool:
 
 class AgentFunction:
     """``fn(config, ...)`` compiled per ``config`` (static), with every matmul traced inside under
-    ``config.matmul_precision`` (:data:`MATMUL_PRECISIONS`) and :data:`COMPILER_OPTIONS`; the
+    ``config.matmul_precision`` (:data:`MATMUL_PRECISIONS`) and :func:`backend_compiler_options`; the
     programs of the :data:`COMPILED_CONFIGS_KEPT` most recently used configs are kept. A config's
     program is kept per form (:func:`~sb3_worldmodels.blocks.backend.program_form`: gather-free or not,
     the scans' unroll): each traces under the form that was in force when it was built.
@@ -211,7 +221,7 @@ class AgentFunction:
             jitted = jax.jit(
                 call,
                 static_argnames=self._static_argnames,
-                compiler_options=COMPILER_OPTIONS,
+                compiler_options=backend_compiler_options(),
             )
             while len(self._compiled) >= COMPILED_CONFIGS_KEPT:
                 self._compiled.popitem(last=False)
@@ -255,7 +265,9 @@ class AgentFunction:
                 return jax.vmap(one_seed, axis_name=SEED_AXIS)(values, *args, **kwargs)
 
         call.__name__ = call.__qualname__ = f"{self._fn.__name__}_over_seeds"  # the program's name
-        return jax.jit(call, static_argnames=self._static_argnames, compiler_options=COMPILER_OPTIONS)
+        return jax.jit(
+            call, static_argnames=self._static_argnames, compiler_options=backend_compiler_options()
+        )
 
     def from_stream(self) -> AgentFunction:
         """This function drawing its key from a key stream: ``g(config, *args, stream_key, **kwargs) ->
