@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels.blocks.convolution import conv2d
-from sb3_worldmodels.blocks.jit import COMPILER_OPTIONS
+from sb3_worldmodels.blocks.jit import backend_compiler_options
 
 NUMBERS = ("NHWC", "HWIO", "NHWC")
 
@@ -48,7 +48,7 @@ def layers(depth: int) -> list[tuple[str, int, int, int, int, bool]]:
 
 
 def timed(fn: Callable, *args: jax.Array, repeats: int) -> float:
-    compiled = jax.jit(fn, compiler_options=COMPILER_OPTIONS).lower(*args).compile()
+    compiled = jax.jit(fn, compiler_options=backend_compiler_options()).lower(*args).compile()
     jax.block_until_ready(compiled(*args))
     times = []
     for _ in range(repeats):

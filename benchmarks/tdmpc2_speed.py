@@ -62,11 +62,14 @@ def build(
     three stacked RGB frames (uint8, 9 channels) instead of the vector, the encoder's ``num_channels``
     = latent_dim / 16 (size 1: 8; size 5: 32, the reference's default); ``compute_dtype``: the
     config's (None: its default, the only choice of packages without the setting); ``options``: XLA
-    compiler options (default: the package's, ``blocks.jit.COMPILER_OPTIONS``)."""
+    compiler options (default: the package's for this backend, ``blocks.jit.backend_compiler_options``,
+    or ``COMPILER_OPTIONS`` in a package without it)."""
     core = importlib.import_module(f"{impl}.tdmpc2.agent")
     preset = importlib.import_module(f"{impl}.tdmpc2.config").preset
     if options is None:
-        options = importlib.import_module(f"{impl}.blocks.jit").COMPILER_OPTIONS
+        jit_module = importlib.import_module(f"{impl}.blocks.jit")
+        backend_options = getattr(jit_module, "backend_compiler_options", None)
+        options = jit_module.COMPILER_OPTIONS if backend_options is None else backend_options()
     flag = "deterministic" if "deterministic" in inspect.signature(core.act).parameters else "eval_mode"
     act_jit = jax.jit(core.act, static_argnames=("config", flag), compiler_options=options)
     train_many_jit = jax.jit(core.train_many, static_argnames=("config",), compiler_options=options)
