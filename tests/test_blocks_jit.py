@@ -178,11 +178,11 @@ def test_the_cpu_options_reach_cpu_programs_only(monkeypatch):
     fn = J.agent_jit(lambda config, x: x * config.scale)
     fn.for_config(Config(scale=2.0))
     assert built == [J.COMPILER_OPTIONS] and J.COMPILER_OPTIONS  # the suite pins a non-empty set
-    for accelerator in ("gpu", "tpu"):
+    for scale, accelerator in ((3.0, "gpu"), (4.0, "tpu")):  # a new config each: a new program
         monkeypatch.setattr(J.jax, "default_backend", lambda name=accelerator: name)
-        fn.for_config(Config(scale=3.0))
-        fn.over_seeds(Config(scale=3.0))
-        assert built[-2:] == [{}, {}]
+        fn.for_config(Config(scale=scale))
+        fn.over_seeds(Config(scale=scale))
+    assert built[1:] == [{}, {}, {}, {}]
 
 
 def test_the_suite_runs_under_the_pinned_cpu_options():
