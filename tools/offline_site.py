@@ -8,7 +8,7 @@ a package index. This downloads the wheels of the package's other dependencies (
 Stable-Baselines3, ...; with ``--extras dmc`` also dm_control through shimmy, MuJoCo and their needs)
 for the host's Python and platform, unpacks them into one folder, drops the parts the package never
 loads (dm_control's locomotion and manipulation assets, the dog model, MuJoCo's experimental viewer,
-tests) and packs the rest as one ``.tgz``: about 12 MB with dm_control, against 90 MB of wheels. On
+tests) and packs the rest as one ``.tgz``: 14 MiB for Python 3.12 with dm_control, from 84 MiB of wheels. On
 the host:
 
     mkdir -p /tmp/site && tar -xzf .offline/site.tgz -C /tmp/site
