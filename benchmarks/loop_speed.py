@@ -58,10 +58,19 @@ TDMPC2_SETTINGS = dict(model_size=1, seed_steps=250)
 DREAMER_SETTINGS = dict(model_size="1m", batch_size=16, batch_length=64, train_ratio=512)
 
 
-def build(agent: str, tiny: bool, acting: bool, size: int = 1, precision: str | None = None) -> Any:
+def build(
+    agent: str,
+    tiny: bool,
+    acting: bool,
+    size: int = 1,
+    precision: str | None = None,
+    compute_dtype: str | None = None,
+) -> Any:
     """The model after a warm-up ``learn`` that compiled its acting and training calls
-    (``precision``: its ``matmul_precision``, else the default)."""
-    numerics = {} if precision is None else {"matmul_precision": precision}
+    (``precision``: its ``matmul_precision``, ``compute_dtype`` its compute dtype, else the defaults)."""
+    numerics: dict[str, str] = {} if precision is None else {"matmul_precision": precision}
+    if compute_dtype is not None:
+        numerics["compute_dtype"] = compute_dtype
     if agent == "tdmpc2":
         settings = {**TDMPC2_SMOKE, "seed_steps": 250} if tiny else {**TDMPC2_SETTINGS, "model_size": size}
         model = TDMPC2("Pendulum-v1", seed=0, **settings, **numerics)
@@ -187,7 +196,7 @@ def learn_window(model: Any, steps: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    model = build(args.agent, args.tiny, args.acting, args.size, args.matmul_precision)
+    model = build(args.agent, args.tiny, args.acting, args.size, args.matmul_precision, args.compute_dtype)
     rounds = []
     for _ in range(args.rounds):
         window = learn_window(model, args.steps)
@@ -228,6 +237,8 @@ def run(args: argparse.Namespace) -> dict:
         settings = f"{what}, CartPole-v1, 16 envs{', acting only (no updates)' if args.acting else ''}"
     if args.matmul_precision is not None:
         settings += f", matmul_precision={args.matmul_precision}"
+    if args.compute_dtype is not None:
+        settings += f", compute_dtype={args.compute_dtype}"
     return {
         "agent": args.agent,
         "settings": settings,
@@ -257,6 +268,12 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1, help="TD-MPC2's model size (1, 5, 19, 48, 317)")
     parser.add_argument(
         "--matmul-precision", default=None, help="the model's matmul_precision (default: the agent's)"
+    )
+    parser.add_argument(
+        "--compute-dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="the model's compute_dtype (default: the agent's)",
     )
     parser.add_argument("--steps", type=int, default=None, help="vector steps per learn window")
     parser.add_argument("--rounds", type=int, default=6)

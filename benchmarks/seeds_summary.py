@@ -34,6 +34,9 @@ CHECKS = {
     ("dreamerv3", "pendulum"): 'DreamerV3 Pendulum-v1, "1m", 20,000 rows (final evaluation)',
     ("dreamerv3", "cartpole"): 'DreamerV3 CartPole-v1, "1m", 24,000 rows (mean of evaluations 12K-24K)',
 }
+MULTITASK = ("tdmpc2", "multitask")
+MULTITASK_CHECK = "TD-MPC2 multi-task, offline, size 1, 10,000 updates"
+"""The multi-task check's groups (tdmpc2_multitask_seeds<...>.json): one row per task."""
 SUPERSEDED: dict[tuple[str, str, int], str] = {}  # (agent, task, seed) -> why a result no longer counts
 COLORS = ["#c0392b", "#2471a3", "#229954", "#7d3c98", "#d68910"]
 
@@ -55,9 +58,17 @@ def load_groups() -> dict[str, dict]:
     out = {}
     for path in sorted(RESULTS.glob("*_seeds*.json")):
         match = re.fullmatch(r"(tdmpc2|dreamerv3)_(.+)_(seeds[0-9_-]+)", path.stem)
-        if match and (match[1], match[2]) in CHECKS:
+        if match and ((match[1], match[2]) in CHECKS or (match[1], match[2]) == MULTITASK):
             out[path.stem] = {**json.loads(path.read_text()), "_key": (match[1], match[2])}
     return out
+
+
+def group_rows(r: dict) -> list[tuple[str, dict, float]]:
+    """(check, {per_seed, mean, iqm, n_passed, n_seeds}, bar) per row: one for a check's group, one per
+    task for a multi-task group (a seed passes a task when it scores at least that task's bar)."""
+    if r["_key"] == MULTITASK:
+        return [(f"{MULTITASK_CHECK}: {task}", t, t["bar"]) for task, t in r["tasks"].items()]
+    return [(CHECKS[r["_key"]].split(" (")[0], r, r["threshold"])]
 
 
 def group_table(groups: dict[str, dict]) -> str:
@@ -66,20 +77,23 @@ def group_table(groups: dict[str, dict]) -> str:
         "| check | seeds | scores | mean | IQM | bar | passing | wall-clock | device | date | commit |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for stem in sorted(groups, key=lambda stem: list(CHECKS).index(groups[stem]["_key"])):
+    order = [*CHECKS, MULTITASK]
+    for stem in sorted(groups, key=lambda stem: order.index(groups[stem]["_key"])):
         r = groups[stem]
-        seeds = [s["seed"] for s in r["per_seed"]]
-        scores = ", ".join(f"{s['score']:.1f}" for s in r["per_seed"])
-        passing = f"{r['n_passed']} of {r['n_seeds']}" if r["done"] else "running"
         device = r.get("device_kind", "")
         if r.get("backend") == "cpu":  # a CPU's wall-clock names the CPU and its cores
             device = f"{r.get('cpu_model', 'CPU')}, {r.get('machine', '').split(' ', 1)[-1]}"
         if r.get("settings", {}).get("compute_dtype", "float32") != "float32":
             device += f", {r['settings']['compute_dtype']}"
-        cells = [CHECKS[r["_key"]].split(" (")[0], ", ".join(map(str, seeds)), scores]
-        cells += [f"{r['mean']:.1f}", f"{r['iqm']:.1f}", f"{r['threshold']:g}", passing]
-        cells += [f"{r['wall_seconds'] / 60:.0f} min", device, r.get("date", ""), r.get("commit", "") or "-"]
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
+        for check, row, bar in group_rows(r):
+            seeds = ", ".join(str(s["seed"]) for s in row["per_seed"])
+            scores = ", ".join(f"{s['score']:.1f}" for s in row["per_seed"])
+            passing = f"{row['n_passed']} of {row['n_seeds']}" if r.get("done", True) else "running"
+            bar_text = f"{bar:.1f}" if bar % 1 else f"{bar:g}"
+            cells = [check, seeds, scores, f"{row['mean']:.1f}", f"{row['iqm']:.1f}", bar_text, passing]
+            cells += [f"{r['wall_seconds'] / 60:.0f} min", device, r.get("date", "")]
+            cells += [r.get("commit", "") or "-"]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
 
@@ -153,6 +167,8 @@ def main() -> None:
     write_table(PAGE, text)
     groups = load_groups()
     for stem, r in groups.items():
+        if r["_key"] == MULTITASK:  # its curves: tdmpc2_multitask_learning.py plot
+            continue
         runs = [{**s, "_seed": s["seed"], "threshold": r["threshold"]} for s in r["per_seed"]]
         path = figure(r["_key"], runs, [], name=f"group_{stem}")
         if path:
