@@ -229,8 +229,10 @@ def learn_in_segments(
     Stops after the first segment that ends past ``stop_after_seconds`` of this process, or before a
     segment that would end past ``budget_seconds`` after ``started`` (a ``time.time()``; default: the
     call), by the longest segment of this process with its compilation time left out (the first
-    segment always runs). ``logger(steps)``, if given, makes the SB3 logger of the process that
-    starts at ``steps``.
+    segment always runs), or before an evaluation that would, by this process's longest evaluation. A
+    segment that ends with an evaluation is checkpointed before it too: a process cut off while it
+    evaluates (a host's time limit) loses only the evaluation, which the next process runs first.
+    ``logger(steps)``, if given, makes the SB3 logger of the process that starts at ``steps``.
 
     :return: the model and the record {"curve", "train_curve", "seconds", "resumed_at", "done"} (a
         group's: {"seeds", "runs", "seconds", "resumed_at", "done"}).
@@ -263,19 +265,41 @@ def learn_in_segments(
     else:
         recorder = TrainEpisodes(record["train_curve"], x_key, action_repeat)
     process_start, seconds_before = time.time(), record["seconds"]
-    longest = 0.0  # the longest segment of this process, its compilation time left out
+    longest = 0.0  # the longest segment of this process (training and its evaluation), compilation left out
+    longest_evaluation = 0.0  # the longest evaluation of this process, compilation left out
 
     def next_multiple(every: int) -> int:
         return (model.num_timesteps // every + 1) * every if every else total
 
-    while model.num_timesteps < total:
+    def evaluation_owed() -> bool:
+        """An evaluation is due at the model's step count (one every ``eval_every`` steps, one at
+        ``total``) and not yet in the curve: after a segment, or in a process resumed from the
+        checkpoint a segment saved before its evaluation."""
+        steps = model.num_timesteps
+        due = steps // eval_every if eval_every else 0
+        due += steps >= total and (not eval_every or total % eval_every != 0)
+        return len(runs[0]["curve"]) < due
+
+    def over_budget(seconds_needed: float) -> bool:
+        if budget_seconds is None or time.time() + seconds_needed - start <= budget_seconds:
+            return False
+        print(json.dumps({"stopped_for_budget": budget_seconds, "at": model.num_timesteps}), flush=True)
+        return True
+
+    while model.num_timesteps < total or evaluation_owed():
         segment_start, compiled_before = time.time(), compile_seconds()
-        target = min(total, next_multiple(eval_every), next_multiple(checkpoint_every if checkpoint else 0))
-        fresh = model.num_timesteps == 0
-        model.learn(target - model.num_timesteps, callback=recorder, reset_num_timesteps=fresh)
-        record["seconds"] = round(seconds_before + time.time() - process_start, 1)
-        at_eval = eval_every and model.num_timesteps >= (len(runs[0]["curve"]) + 1) * eval_every
-        if at_eval or model.num_timesteps >= total:
+        if not evaluation_owed():
+            every = checkpoint_every if checkpoint else 0
+            target = min(total, next_multiple(eval_every), next_multiple(every))
+            fresh = model.num_timesteps == 0
+            model.learn(target - model.num_timesteps, callback=recorder, reset_num_timesteps=fresh)
+            record["seconds"] = round(seconds_before + time.time() - process_start, 1)
+            if evaluation_owed() and checkpoint is not None:  # the training survives a cut evaluation
+                save_checkpoint(checkpoint, record, model)
+        if evaluation_owed():
+            if longest_evaluation and over_budget(longest_evaluation):
+                break
+            evaluation_start, compiled = time.time(), compile_seconds()
             index = len(runs[0]["curve"])
             seconds = seconds_before + time.time() - process_start
             for i, run in enumerate(runs):
@@ -286,15 +310,16 @@ def learn_in_segments(
                 run["curve"].append(point)
                 shown = {k: v for k, v in point.items() if k != "eval_returns"}
                 print(json.dumps({"seed": run["seed"], **shown} if group else shown), flush=True)
+            evaluation = time.time() - evaluation_start - (compile_seconds() - compiled)
+            longest_evaluation = max(longest_evaluation, evaluation)
+            record["seconds"] = round(seconds_before + time.time() - process_start, 1)
         record["done"] = model.num_timesteps >= total
         if checkpoint is not None:
             save_checkpoint(checkpoint, record, model)
         longest = max(longest, time.time() - segment_start - (compile_seconds() - compiled_before))
-        now = time.time()
-        if stop_after_seconds is not None and now - process_start > stop_after_seconds:
+        if stop_after_seconds is not None and time.time() - process_start > stop_after_seconds:
             break
-        if budget_seconds is not None and not record["done"] and now + longest - start > budget_seconds:
-            print(json.dumps({"stopped_for_budget": budget_seconds, "at": model.num_timesteps}), flush=True)
+        if not record["done"] and over_budget(longest):
             break
     return model, record
 

@@ -10,13 +10,17 @@
 #   (benchmarks/tdmpc2_learning.py).
 # The scripts write their results to benchmarks/results/ and figures to docs/figures/; with
 # RESULTS_TAR=<file.tgz> those are also packed into that one file after each check. Each check
-# resumes from its checkpoints in benchmarks/results/checkpoints/ when run again. SMOKE=1 runs each
+# resumes from its checkpoints in benchmarks/results/checkpoints/ when run again; BUDGET_S=480 stops the
+# pixel group before a segment or an evaluation that would end past 480 s (a host's command limit: run
+# the same command again until it says "done": true). SMOKE=1 runs each
 # script's --smoke settings instead (a minute or two on a CPU; results under checkpoints/smoke/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 smoke=()
 if [ "${SMOKE:-0}" = 1 ]; then smoke=(--smoke); fi
+budget=()
+if [ -n "${BUDGET_S:-}" ]; then budget=(--budget-s "$BUDGET_S"); fi
 
 pack() {
     if [ -n "${RESULTS_TAR:-}" ]; then
@@ -34,7 +38,7 @@ for check in "$@"; do
             python benchmarks/tdmpc2_multitask_learning.py multi --seeds 0 1 2 "${smoke[@]}"
             ;;
         pixels)
-            python benchmarks/tdmpc2_learning.py --task cartpole-balance-pixels --seeds 0 1 2 --eval-every 0 "${smoke[@]}"
+            python benchmarks/tdmpc2_learning.py --task cartpole-balance-pixels --seeds 0 1 2 --eval-every 0 "${smoke[@]}" "${budget[@]}"
             ;;
         *)
             echo "unknown check '$check': choose from multitask, pixels" >&2

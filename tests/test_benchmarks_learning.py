@@ -59,6 +59,33 @@ def test_a_checkpointed_run_resumes_where_it_stopped(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*_*")) == sorted(saved["files"].values())
 
 
+class CutOff(Exception):
+    """A process ended by its host while it evaluates."""
+
+
+def test_a_run_cut_off_while_it_evaluates_resumes_with_that_evaluation(tmp_path):
+    """The segment's training is checkpointed before its evaluation: a process killed during the
+    evaluation loses only the evaluation, and the next process runs it first, on the same model."""
+    evaluate = evaluate_fresh(make_eval_env, seed=3, episodes=2, deterministic=False)
+
+    def cut_off(model, index):
+        raise CutOff
+
+    run = dict(total=160, eval_every=80, checkpoint_every=80, checkpoint=tmp_path, x_key="rows")
+    with pytest.raises(CutOff):
+        learn_in_segments(make_model, evaluate=cut_off, **run)
+    saved = json.loads((tmp_path / "progress.json").read_text())
+    assert 80 <= saved["num_timesteps"] < 90 and saved["curve"] == [] and not saved["done"]
+
+    model, record = learn_in_segments(make_model, evaluate=evaluate, **run)
+    assert record["done"] and record["resumed_at"] == [saved["num_timesteps"]]
+    assert [p["rows"] for p in record["curve"]] == [saved["num_timesteps"], model.num_timesteps]
+    _, whole = learn_in_segments(
+        make_model, evaluate=evaluate, stop_after_seconds=0.0, **{**run, "checkpoint": tmp_path / "whole"}
+    )
+    assert record["curve"][0]["eval_returns"] == whole["curve"][0]["eval_returns"]
+
+
 def test_an_evaluation_on_several_envs_runs_env_0_as_the_one_env_evaluation():
     """``evaluate_fresh(..., envs=3)``: six episodes, two per env, one ``predict`` per step for the three
     envs. Env 0 is seeded as the one-env evaluation, so with the deterministic policy its two
