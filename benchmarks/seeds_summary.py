@@ -167,7 +167,7 @@ def main() -> None:
     write_table(PAGE, text)
     groups = load_groups()
     for stem, r in groups.items():
-        if r["_key"] == MULTITASK:  # its curves: tdmpc2_multitask_learning.py plot
+        if r["_key"] == MULTITASK:  # no figure: rows per task (its script plots the single-seed check)
             continue
         runs = [{**s, "_seed": s["seed"], "threshold": r["threshold"]} for s in r["per_seed"]]
         path = figure(r["_key"], runs, [], name=f"group_{stem}")
