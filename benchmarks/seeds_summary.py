@@ -154,6 +154,37 @@ def figure(
     return target
 
 
+def multitask_figures(stem: str, r: dict) -> list[Path]:
+    """One figure per task of a multi-task group: each seed's evaluations over updates (2 episodes),
+    its final score (10), the single-task agent's and the random policy's scores; the bar dashed."""
+    paths = []
+    ends = [0, r["updates"]]
+    for task, t in r["tasks"].items():
+        series = [
+            {"x": ends, "y": [t["single"]] * 2, "color": "#27ae60", "width": 1, "label": "single-task agent"},
+            {"x": ends, "y": [t["random"]] * 2, "color": "#7f8c8d", "width": 1, "label": "random policy"},
+        ]
+        for i, seed in enumerate(t["per_seed"]):
+            color = COLORS[i % len(COLORS)]
+            key = f"seed_{seed['seed']}/{task}"
+            points = [p for p in r["curve"] if key in p]
+            series.append(
+                {
+                    "x": [p["updates"] for p in points] + [r["updates"]],
+                    "y": [p[key] for p in points] + [seed["score"]],
+                    "color": color,
+                    "width": 2,
+                    "dots": True,
+                    "label": f"seed {seed['seed']}: evaluations, final {seed['score']:.0f}",
+                }
+            )
+        title = f"{MULTITASK_CHECK}: {task}"
+        target = FIGURES / f"group_{stem}_{task}.svg"
+        target.write_text(svg_chart(series, t["bar"], title, "updates"))
+        paths.append(target)
+    return paths
+
+
 def main() -> None:
     results = load_results()
     reference = json.loads((HERE / "data" / "reference_runs.json").read_text())
@@ -167,7 +198,9 @@ def main() -> None:
     write_table(PAGE, text)
     groups = load_groups()
     for stem, r in groups.items():
-        if r["_key"] == MULTITASK:  # no figure: rows per task (its script plots the single-seed check)
+        if r["_key"] == MULTITASK:
+            for path in multitask_figures(stem, r):
+                print(path)
             continue
         runs = [{**s, "_seed": s["seed"], "threshold": r["threshold"]} for s in r["per_seed"]]
         path = figure(r["_key"], runs, [], name=f"group_{stem}")
