@@ -16,6 +16,16 @@ from pathlib import Path
 WIDTH, HEIGHT, PAD = 640, 360, 56
 
 
+def reference_levels(single: float, random: float, updates: float) -> list[dict]:
+    """The multi-task checks' two flat reference lines over 0..updates: the single-task agent's score
+    and the random policy's."""
+    ends = [0, updates]
+    return [
+        {"x": ends, "y": [single] * 2, "color": "#27ae60", "width": 1, "label": "single-task agent"},
+        {"x": ends, "y": [random] * 2, "color": "#7f8c8d", "width": 1, "label": "random policy"},
+    ]
+
+
 def _scale(values: list[float], lo: float, hi: float, a: float, b: float) -> list[float]:
     span = (hi - lo) or 1.0
     return [a + (v - lo) / span * (b - a) for v in values]

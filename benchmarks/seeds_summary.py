@@ -16,7 +16,7 @@ import json
 import re
 from pathlib import Path
 
-from plot_curves import svg_chart
+from plot_curves import reference_levels, svg_chart
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -158,12 +158,8 @@ def multitask_figures(stem: str, r: dict) -> list[Path]:
     """One figure per task of a multi-task group: each seed's evaluations over updates (2 episodes),
     its final score (10), the single-task agent's and the random policy's scores; the bar dashed."""
     paths = []
-    ends = [0, r["updates"]]
     for task, t in r["tasks"].items():
-        series = [
-            {"x": ends, "y": [t["single"]] * 2, "color": "#27ae60", "width": 1, "label": "single-task agent"},
-            {"x": ends, "y": [t["random"]] * 2, "color": "#7f8c8d", "width": 1, "label": "random policy"},
-        ]
+        series = reference_levels(t["single"], t["random"], r["updates"])
         for i, seed in enumerate(t["per_seed"]):
             color = COLORS[i % len(COLORS)]
             key = f"seed_{seed['seed']}/{task}"

@@ -235,27 +235,13 @@ def multi(seeds: list[int] | None = None, smoke: bool = False, argv: list[str] |
 def plot() -> None:
     """One SVG per task in docs/figures/: the multi-task model's evaluations over updates, its final
     score, and the single-task agent's and the random policy's scores, with the bar dashed."""
-    from plot_curves import svg_chart
+    from plot_curves import reference_levels, svg_chart
 
     result = json.loads((RESULTS / "tdmpc2_multitask.json").read_text())
     figures = FIGURES
-    ends = [0, result["updates"]]
     for task, scores in result["tasks"].items():
         series = [
-            {
-                "x": ends,
-                "y": [scores["single"]] * 2,
-                "color": "#27ae60",
-                "width": 1,
-                "label": "single-task agent",
-            },
-            {
-                "x": ends,
-                "y": [scores["random"]] * 2,
-                "color": "#7f8c8d",
-                "width": 1,
-                "label": "random policy",
-            },
+            *reference_levels(scores["single"], scores["random"], result["updates"]),
             {
                 "x": [p["updates"] for p in result["curve"]],
                 "y": [p[task] for p in result["curve"]],
