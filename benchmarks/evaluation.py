@@ -25,7 +25,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.logger import Logger
-from stable_baselines3.common.vec_env import DummyVecEnv
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
 FLAT_FILES = {"model": "model.zip", "replay": "replay.pkl"}
 """The checkpoint file names of runs saved before progress.json named its files."""
@@ -388,7 +388,12 @@ def pickled_envs(model: BaseAlgorithm) -> bytes | None:
 
 
 def evaluate_fresh(
-    make_env: Callable[[int], Any], seed: int | None, episodes: int, deterministic: bool, envs: int = 1
+    make_env: Callable[[int], Any],
+    seed: int | None,
+    episodes: int,
+    deterministic: bool,
+    envs: int = 1,
+    processes: bool = False,
 ) -> Callable[[BaseAlgorithm, int], list[float]]:
     """``evaluate(model, index)``: ``episodes`` episodes on ``make_env(seed)`` with seed
     ``10_000 + 1_000 * seed + index`` (each evaluation its own fresh, reproducible episodes); with
@@ -398,7 +403,10 @@ def evaluate_fresh(
     ``DummyVecEnv``: one ``predict`` per step for all of them, each env's share of the episodes
     as ``evaluate_policy`` splits them): env 0 seeded as above, env k with a seed drawn from
     ``SeedSequence([that seed, k])``. The same protocol (fresh episodes of the same policy), other
-    initial states and draws than one env's; the episodes are listed as they end.
+    initial states and draws than one env's; the episodes are listed as they end. ``processes``: the
+    envs step in processes of their own (SB3's ``SubprocVecEnv``, started by spawning, with JAX kept
+    on the CPU there), the same episodes: for envs whose step is slow (rendering), on a host with
+    cores to spare. ``make_env`` must then be picklable (a module-level function or a partial of one).
     """
 
     def evaluate(model: BaseAlgorithm, index: int) -> list[float]:
@@ -409,7 +417,8 @@ def evaluate_fresh(
         else:
             drawn = [int(np.random.SeedSequence([base, k]).generate_state(1)[0]) for k in range(1, envs)]
             seeds = [base, *drawn]
-            env = DummyVecEnv([functools.partial(make_env, s) for s in seeds])
+            factories = [functools.partial(make_env, s) for s in seeds]
+            env = subprocess_envs(factories) if processes else DummyVecEnv(factories)
         rewards, _ = evaluate_policy(
             model, env, n_eval_episodes=episodes, deterministic=deterministic, return_episode_rewards=True
         )
@@ -417,6 +426,20 @@ def evaluate_fresh(
         return [float(r) for r in rewards]
 
     return evaluate
+
+
+def subprocess_envs(factories: list[Callable[[], Any]]) -> SubprocVecEnv:
+    """A ``SubprocVecEnv`` of ``factories``, its processes spawned with ``JAX_PLATFORMS=cpu``: they
+    import the package but never open the accelerator, which one process at a time may hold."""
+    before = os.environ.get("JAX_PLATFORMS")
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    try:
+        return SubprocVecEnv(factories, start_method="spawn")
+    finally:
+        if before is None:
+            del os.environ["JAX_PLATFORMS"]
+        else:
+            os.environ["JAX_PLATFORMS"] = before
 
 
 def seeds_result(scores: Sequence[float], passed: Sequence[bool]) -> dict:

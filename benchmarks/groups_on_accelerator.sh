@@ -7,7 +7,8 @@
 #   and reacher-easy, seed 0, their replays exported), then the offline multi-task model on the pooled
 #   exports as a group of seeds 0-2 (benchmarks/tdmpc2_multitask_learning.py).
 # pixels: TD-MPC2 cartpole-balance from 64x64 pixels, seeds 0-2 in one model
-#   (benchmarks/tdmpc2_learning.py).
+#   (benchmarks/tdmpc2_learning.py); each seed's final evaluation runs its 10 episodes on 10 envs at
+#   once, each in a process of its own (--eval-envs 10 --eval-processes: the frames render in parallel).
 # The scripts write their results to benchmarks/results/ and figures to docs/figures/; with
 # RESULTS_TAR=<file.tgz> those are also packed into that one file after each check. Each check
 # resumes from its checkpoints in benchmarks/results/checkpoints/ when run again; BUDGET_S=480 stops the
@@ -38,7 +39,8 @@ for check in "$@"; do
             python benchmarks/tdmpc2_multitask_learning.py multi --seeds 0 1 2 "${smoke[@]}"
             ;;
         pixels)
-            python benchmarks/tdmpc2_learning.py --task cartpole-balance-pixels --seeds 0 1 2 --eval-every 0 "${smoke[@]}" "${budget[@]}"
+            python benchmarks/tdmpc2_learning.py --task cartpole-balance-pixels --seeds 0 1 2 --eval-every 0 \
+                --eval-envs 10 --eval-processes "${smoke[@]}" "${budget[@]}"
             ;;
         *)
             echo "unknown check '$check': choose from multitask, pixels" >&2

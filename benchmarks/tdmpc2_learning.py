@@ -15,7 +15,10 @@ from a random policy (293.0 over 10 episodes, benchmarks/results/tdmpc2_multitas
 of the three state-based seeds at the same 10,000 steps (727.0, seed 2).
 An evaluation of 10 deterministic episodes runs every ``--eval-every`` agent steps (default 1,000; each
 costs as many plans as its episodes have steps) and at the end; the returns of the training episodes
-are recorded too.
+are recorded too. ``--eval-envs N`` runs an evaluation's episodes on N envs at once (one ``predict``
+per step for all of them; ``evaluation.evaluate_fresh``): the same protocol with other initial states
+than one env's, recorded in the result's command; ``--eval-processes`` steps each of them in a
+process of its own, for the pixel task on a host with cores to spare (its frames render in parallel).
 
 ``--seeds`` trains every seed in one seed group (``TDMPC2(env, seed=[...])``, one env per seed) and
 evaluates each seed's model (``seed_model(i)``) with the same protocol as a single-seed run; the
@@ -101,10 +104,28 @@ def make_task_env(task_name: str, seed: int = 0):
     return make_vec_env(task["env"], n_envs=1, seed=seed, **wrapper)
 
 
+def make_eval_env(task_name: str, seed: int):
+    """One env of the task as :func:`make_task_env` wraps it (a gym.Env, for an evaluation on several
+    envs at once), seeded by its first reset."""
+    env = make_task_env(task_name, seed).envs[0]
+    env.reset(seed=seed)
+    return env
+
+
 def episode_steps(task_name: str) -> int:
     """Agent steps per episode of the task (Pendulum-v1: 200; dm_control: 1,000 / action repeat)."""
     task = TASKS[task_name]
     return (task["episode_length"] or 200) // task["action_repeat"]
+
+
+def evaluate(task_name: str, episodes: int, envs: int, processes: bool):
+    """The check's evaluation: ``episodes`` deterministic episodes on one env (:func:`make_task_env`), or
+    on ``envs`` at once (:func:`make_eval_env`; in processes of their own with ``processes``)."""
+    envs = min(envs, episodes)
+    if envs == 1:
+        return evaluate_fresh(functools.partial(make_task_env, task_name), None, episodes, deterministic=True)
+    make = functools.partial(make_eval_env, task_name)
+    return evaluate_fresh(make, None, episodes, deterministic=True, envs=envs, processes=processes)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -133,11 +154,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--results", type=Path, default=None, help="folder of the result file")
     parser.add_argument("--stop-after-hours", type=float, default=None)
     parser.add_argument(
+        "--eval-envs", type=int, default=1, help="envs an evaluation's episodes run on at once (see above)"
+    )
+    parser.add_argument(
+        "--eval-processes", action="store_true", help="with --eval-envs: each env in a process of its own"
+    )
+    parser.add_argument(
         "--budget-s", type=float, default=None, help="stop before a segment would end past this (seconds)"
     )
     parser.add_argument("--dropout-masks", choices=["hash", "threefry"], default="hash")
     parser.add_argument("--smoke", action="store_true", help="tiny settings (see above)")
     args = parser.parse_args(argv)
+    if not 1 <= args.eval_envs <= EVAL_EPISODES:
+        parser.error(f"--eval-envs must be between 1 and the {EVAL_EPISODES} episodes of an evaluation")
     task = TASKS[args.task]
     smoke_steps = SMOKE["episodes"] * episode_steps(args.task)
     steps = args.steps or (smoke_steps if args.smoke else task["steps"])
@@ -175,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     model, record = learn_in_segments(
         make_model,
         steps,
-        evaluate_fresh(make_env, None, episodes, deterministic=True),
+        evaluate(args.task, episodes, args.eval_envs, args.eval_processes),
         eval_every=eval_every,
         checkpoint_every=chunk,
         checkpoint=checkpoint,

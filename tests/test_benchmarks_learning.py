@@ -4,6 +4,7 @@ a seed group's check, stopped by its time budget and resumed, ends as the uninte
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from evaluation import evaluate_fresh, group_name, learn_in_segments, seeds_resu
 
 from sb3_worldmodels import TDMPC2, DreamerV3  # noqa: E402
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS  # noqa: E402
+from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE  # noqa: E402
 
 
 def make_model() -> DreamerV3:
@@ -150,3 +152,14 @@ def test_a_seed_groups_summary_and_file_name():
     assert seeds_result([1.0, 3.0], [True, False])["iqm"] == 2.0  # fewer than 4 seeds: the mean
     assert group_name([0, 1, 2, 3, 4]) == "seeds0-4" and group_name([5, 2]) == "seeds5_2"
     assert group_name([7]) == "seeds7"
+
+
+def test_an_evaluation_in_processes_runs_the_episodes_of_one_process():
+    """``evaluate_fresh(..., envs=3, processes=True)``: the envs step in spawned processes (each its own
+    seeded env, as tdmpc2_learning's ``--eval-processes``), and the deterministic policy's episodes are
+    those of the same three envs stepped in this process."""
+    model = TDMPC2("Pendulum-v1", seed=0, **TDMPC2_SMOKE)
+    make = functools.partial(tdmpc2_learning.make_eval_env, "pendulum")
+    here = evaluate_fresh(make, seed=3, episodes=3, deterministic=True, envs=3)(model, 1)
+    apart = evaluate_fresh(make, seed=3, episodes=3, deterministic=True, envs=3, processes=True)(model, 1)
+    assert len(here) == 3 and len(set(here)) == 3 and apart == here
