@@ -7,8 +7,9 @@
 #   and reacher-easy, seed 0, their replays exported), then the offline multi-task model on the pooled
 #   exports as a group of seeds 0-2 (benchmarks/tdmpc2_multitask_learning.py).
 # pixels: TD-MPC2 cartpole-balance from 64x64 pixels, seeds 0-2 in one model
-#   (benchmarks/tdmpc2_learning.py); each seed's final evaluation runs its 10 episodes on 10 envs at
-#   once, each in a process of its own (--eval-envs 10 --eval-processes: the frames render in parallel).
+#   (benchmarks/tdmpc2_learning.py); each seed's env renders in a process of its own
+#   (--env-processes), and each seed's final evaluation runs its 10 episodes on 10 envs at once, each
+#   in a process of its own (--eval-envs 10 --eval-processes): the frames render in parallel.
 # The scripts write their results to benchmarks/results/ and figures to docs/figures/; with
 # RESULTS_TAR=<file.tgz> those are also packed into that one file after each check. Each check
 # resumes from its checkpoints in benchmarks/results/checkpoints/ when run again; BUDGET_S=480 stops the
@@ -40,7 +41,7 @@ for check in "$@"; do
             ;;
         pixels)
             python benchmarks/tdmpc2_learning.py --task cartpole-balance-pixels --seeds 0 1 2 --eval-every 0 \
-                --eval-envs 10 --eval-processes "${smoke[@]}" "${budget[@]}"
+                --env-processes --eval-envs 10 --eval-processes "${smoke[@]}" "${budget[@]}"
             ;;
         *)
             echo "unknown check '$check': choose from multitask, pixels" >&2

@@ -19,6 +19,8 @@ are recorded too. ``--eval-envs N`` runs an evaluation's episodes on N envs at o
 per step for all of them; ``evaluation.evaluate_fresh``): the same protocol with other initial states
 than one env's, recorded in the result's command; ``--eval-processes`` steps each of them in a
 process of its own, for the pixel task on a host with cores to spare (its frames render in parallel).
+``--env-processes`` does the same for the training envs (one per seed): the same run, except that a
+checkpoint keeps no envs, so a resumed run starts new episodes from the envs' seeds.
 
 ``--seeds`` trains every seed in one seed group (``TDMPC2(env, seed=[...])``, one env per seed) and
 evaluates each seed's model (``seed_model(i)``) with the same protocol as a single-seed run; the
@@ -55,6 +57,7 @@ from evaluation import (
     learn_in_segments,
     run_record,
     script_command,
+    subprocess_envs,
 )
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import configure
@@ -160,6 +163,9 @@ def main(argv: list[str] | None = None) -> dict:
         "--eval-processes", action="store_true", help="with --eval-envs: each env in a process of its own"
     )
     parser.add_argument(
+        "--env-processes", action="store_true", help="each seed's training env in a process of its own"
+    )
+    parser.add_argument(
         "--budget-s", type=float, default=None, help="stop before a segment would end past this (seconds)"
     )
     parser.add_argument("--dropout-masks", choices=["hash", "threefry"], default="hash")
@@ -189,7 +195,11 @@ def main(argv: list[str] | None = None) -> dict:
         # the pixel encoder's flattened 4 x 4 map is the latent: num_channels x 16 = latent_dim
         latent_dim = settings.get("latent_dim", MODEL_SIZES[settings["model_size"]][2])
         pixel_encoder = {"num_channels": latent_dim // 16} if task.get("pixels") else {}
-        env = make_env(args.seed) if args.seeds is None else group_vec_env(make_env, tuple(args.seeds))
+        if args.env_processes:  # seeded by the model (seed_i + env index) at its first reset
+            env_seeds = [args.seed] if args.seeds is None else args.seeds
+            env = subprocess_envs([functools.partial(make_eval_env, args.task, s) for s in env_seeds])
+        else:
+            env = make_env(args.seed) if args.seeds is None else group_vec_env(make_env, tuple(args.seeds))
         return TDMPC2(
             "CnnPolicy" if task.get("pixels") else "MlpPolicy",
             env,
@@ -238,6 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps(brief(result)))
+    model.get_env().close()  # ends the env processes of --env-processes
     return result
 
 

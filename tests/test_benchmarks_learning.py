@@ -163,3 +163,21 @@ def test_an_evaluation_in_processes_runs_the_episodes_of_one_process():
     here = evaluate_fresh(make, seed=3, episodes=3, deterministic=True, envs=3)(model, 1)
     apart = evaluate_fresh(make, seed=3, episodes=3, deterministic=True, envs=3, processes=True)(model, 1)
     assert len(here) == 3 and len(set(here)) == 3 and apart == here
+
+
+def test_a_seed_group_check_with_its_envs_in_processes_equals_it_in_one_process(tmp_path):
+    """``--env-processes``: each seed's training env steps in a spawned process, seeded by the group
+    at its first reset as in one process, so the smoke check ends with the same evaluations, training
+    episodes and model state."""
+    apart = smoke_check("tdmpc2", tmp_path / "apart", "--env-processes")
+    here = smoke_check("tdmpc2", tmp_path / "here")
+    for mine, theirs in zip(apart["per_seed"], here["per_seed"], strict=True):
+        assert [p["eval_returns"] for p in mine["curve"]] == [p["eval_returns"] for p in theirs["curve"]]
+        assert mine["train_curve"] == theirs["train_curve"] and len(mine["train_curve"]) == 2
+    states = []
+    for run in ("apart", "here"):
+        files = json.loads((tmp_path / run / "checkpoint" / "progress.json").read_text())["files"]
+        assert ("envs" in files) == (run == "here")  # envs in processes are not pickled
+        states.append(TDMPC2.load(tmp_path / run / "checkpoint" / files["model"]).policy.state)
+    for a, b in zip(jax.tree_util.tree_leaves(states[0]), jax.tree_util.tree_leaves(states[1]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
