@@ -107,9 +107,9 @@ def make_task_env(task_name: str, seed: int = 0):
     return make_vec_env(task["env"], n_envs=1, seed=seed, **wrapper)
 
 
-def make_eval_env(task_name: str, seed: int):
-    """One env of the task as :func:`make_task_env` wraps it (a gym.Env, for an evaluation on several
-    envs at once), seeded by its first reset."""
+def make_gym_env(task_name: str, seed: int):
+    """One env of the task as :func:`make_task_env` wraps it, a gym.Env seeded by its first reset: for
+    the VecEnvs built here (an evaluation on several envs, envs in processes of their own)."""
     env = make_task_env(task_name, seed).envs[0]
     env.reset(seed=seed)
     return env
@@ -123,11 +123,11 @@ def episode_steps(task_name: str) -> int:
 
 def evaluate(task_name: str, episodes: int, envs: int, processes: bool):
     """The check's evaluation: ``episodes`` deterministic episodes on one env (:func:`make_task_env`), or
-    on ``envs`` at once (:func:`make_eval_env`; in processes of their own with ``processes``)."""
+    on ``envs`` at once (:func:`make_gym_env`; in processes of their own with ``processes``)."""
     envs = min(envs, episodes)
     if envs == 1:
         return evaluate_fresh(functools.partial(make_task_env, task_name), None, episodes, deterministic=True)
-    make = functools.partial(make_eval_env, task_name)
+    make = functools.partial(make_gym_env, task_name)
     return evaluate_fresh(make, None, episodes, deterministic=True, envs=envs, processes=processes)
 
 
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
         pixel_encoder = {"num_channels": latent_dim // 16} if task.get("pixels") else {}
         if args.env_processes:  # seeded by the model (seed_i + env index) at its first reset
             env_seeds = [args.seed] if args.seeds is None else args.seeds
-            env = subprocess_envs([functools.partial(make_eval_env, args.task, s) for s in env_seeds])
+            env = subprocess_envs([functools.partial(make_gym_env, args.task, s) for s in env_seeds])
         else:
             env = make_env(args.seed) if args.seeds is None else group_vec_env(make_env, tuple(args.seeds))
         return TDMPC2(

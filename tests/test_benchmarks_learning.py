@@ -159,7 +159,7 @@ def test_an_evaluation_in_processes_runs_the_episodes_of_one_process():
     seeded env, as tdmpc2_learning's ``--eval-processes``), and the deterministic policy's episodes are
     those of the same three envs stepped in this process."""
     model = TDMPC2("Pendulum-v1", seed=0, **TDMPC2_SMOKE)
-    make = functools.partial(tdmpc2_learning.make_eval_env, "pendulum")
+    make = functools.partial(tdmpc2_learning.make_gym_env, "pendulum")
     here = evaluate_fresh(make, seed=3, episodes=3, deterministic=True, envs=3)(model, 1)
     apart = evaluate_fresh(make, seed=3, episodes=3, deterministic=True, envs=3, processes=True)(model, 1)
     assert len(here) == 3 and len(set(here)) == 3 and apart == here
