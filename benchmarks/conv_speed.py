@@ -1,13 +1,21 @@
-"""Convolution speed: ``blocks.convolution.conv2d`` against ``jax.lax`` on DreamerV3's pixel layers.
+"""Convolution speed: ``blocks.convolution.conv2d``'s block convolution against ``jax.lax`` on the agents'
+pixel layers.
 
-    python benchmarks/conv_speed.py                 # "1m" (cnn_depth 4), 1,024 images (16 x 64)
+    python benchmarks/conv_speed.py                 # DreamerV3 "1m" (cnn_depth 4), 1,024 images (16 x 64)
     python benchmarks/conv_speed.py --depth 16      # "12m"
     python benchmarks/conv_speed.py --scan          # the weight gradients also inside a lax.scan
+    python benchmarks/conv_speed.py --agent tdmpc2 --channels 8    # TD-MPC2 size 1 (32: size 5)
 
-For every encoder and decoder convolution of a 64 x 64 x 3 image (kernel 5, SAME): milliseconds of the
-forward pass, the weight gradient and the input gradient, each jitted alone with the agents' compiler
-options, median of ``--repeats`` calls; both implementations are timed in one process, layer by layer,
-so a busy neighbour affects both alike. Prints one JSON line per layer and one with the totals.
+DreamerV3: every encoder and decoder convolution of a 64 x 64 x 3 image (kernel 5, SAME). TD-MPC2: the
+pixel encoder's four VALID convolutions of 64 x 64 x 9 images (7/2, 5/2, 3/2, 3/1, ``--channels``
+each), and its shift augmentation (a crop of the replicate-padded uint8 images, offsets per image)
+written three ways: ``blocks.images.shift_images`` (a vmapped dynamic slice: a gather), a select among
+the seven offsets per axis, and a one-hot matmul per axis (exact: integers below 256 in bfloat16).
+Milliseconds of the forward pass, the weight gradient and the input gradient, each jitted alone with
+the agents' compiler options and at ``--precision`` (the agents' default: float32), median of
+``--repeats`` calls; the implementations are timed in one process, layer by layer, so a busy
+neighbour affects them alike. ``conv2d`` is the block convolution (``blocks=True``) on any backend
+(the agents use it on a CPU only). Prints one JSON line per layer and one with the totals.
 """
 
 from __future__ import annotations
@@ -23,16 +31,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from sb3_worldmodels.blocks.convolution import conv2d
-from sb3_worldmodels.blocks.jit import backend_compiler_options
+from sb3_worldmodels.blocks.images import SHIFT_PAD, pad_replicate, random_shifts, shift_images
+from sb3_worldmodels.blocks.jit import MATMUL_PRECISIONS, backend_compiler_options, check_matmul_precision
 
 NUMBERS = ("NHWC", "HWIO", "NHWC")
 
 
-def lax_conv(x: jax.Array, kernel: jax.Array, stride: int, transpose: bool) -> jax.Array:
+def lax_conv(
+    x: jax.Array, kernel: jax.Array, stride: int, transpose: bool, padding: str = "SAME"
+) -> jax.Array:
     strides = (stride, stride)
     if transpose:
         return jax.lax.conv_transpose(x, kernel, strides, "SAME", dimension_numbers=NUMBERS)
-    return jax.lax.conv_general_dilated(x, kernel, strides, "SAME", dimension_numbers=NUMBERS)
+    return jax.lax.conv_general_dilated(x, kernel, strides, padding, dimension_numbers=NUMBERS)
+
+
+def block_conv(
+    x: jax.Array, kernel: jax.Array, stride: int, transpose: bool, padding: str = "SAME"
+) -> jax.Array:
+    return conv2d(x, kernel, stride, transpose, padding, blocks=True)
 
 
 def layers(depth: int) -> list[tuple[str, int, int, int, int, bool]]:
@@ -45,6 +62,51 @@ def layers(depth: int) -> list[tuple[str, int, int, int, int, bool]]:
     ]
     dec = [(f"dec{i}", 64 >> (i + 1), d[i + 1], d[i], 2, True) for i in reversed(range(4))]
     return enc + dec + [("imgout", 64, d[0], 3, 1, True)]
+
+
+TDMPC2_LAYERS = ((64, 7, 2), (29, 5, 2), (13, 3, 2), (6, 3, 1))
+"""(input side, kernel, stride) of TD-MPC2's pixel encoder on 64 x 64 images (VALID; the first reads
+the 9 channels of three stacked RGB frames)."""
+
+
+def shift_by_select(images: jax.Array, shifts: jax.Array, pad: int = SHIFT_PAD) -> jax.Array:
+    """``shift_images`` as a select among the 2·pad + 1 static crops of each axis."""
+    h, w = images.shape[-3:-1]
+    padded = pad_replicate(images, pad)
+    sx, sy = (shifts[..., i].reshape(*shifts.shape[:-1], 1, 1, 1) for i in (0, 1))
+    rows = padded[..., 0:h, :, :]
+    for k in range(1, 2 * pad + 1):
+        rows = jnp.where(sy == k, padded[..., k : k + h, :, :], rows)
+    out = rows[..., :, 0:w, :]
+    for k in range(1, 2 * pad + 1):
+        out = jnp.where(sx == k, rows[..., :, k : k + w, :], out)
+    return out
+
+
+def shift_by_matmul(images: jax.Array, shifts: jax.Array, pad: int = SHIFT_PAD) -> jax.Array:
+    """``shift_images`` as two one-hot matmuls per image (rows, then columns) in bfloat16, exact for
+    integers 0-255, accumulated in float32."""
+    h, w = images.shape[-3:-1]
+    padded = pad_replicate(images, pad).astype(jnp.bfloat16)
+    rows = jax.nn.one_hot(shifts[..., 1, None] + jnp.arange(h), h + 2 * pad, dtype=jnp.bfloat16)
+    cols = jax.nn.one_hot(shifts[..., 0, None] + jnp.arange(w), w + 2 * pad, dtype=jnp.bfloat16)
+    out = jnp.einsum("...iy,...yxc,...jx->...ijc", rows, padded, cols, preferred_element_type=jnp.float32)
+    return out.astype(images.dtype)
+
+
+def time_shifts(images: int, repeats: int) -> dict:
+    """Milliseconds of the three ways of the shift augmentation on ``images`` 64 x 64 x 9 uint8 images
+    (checked equal first)."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.integers(0, 256, size=(images, 64, 64, 9)), jnp.uint8)
+    offsets = random_shifts(jax.random.PRNGKey(0), (images,))
+    row: dict = {"layer": "shift", "input": [64, 64, 9]}
+    expected = jax.jit(shift_images)(x, offsets)
+    for name, shift in (("gather", shift_images), ("select", shift_by_select), ("matmul", shift_by_matmul)):
+        if not bool(jnp.all(jax.jit(shift)(x, offsets) == expected)):
+            raise AssertionError(f"the {name} shift differs from shift_images")
+        row[f"{name}_ms"] = round(timed(shift, x, offsets, repeats=repeats), 1)
+    return row
 
 
 def timed(fn: Callable, *args: jax.Array, repeats: int) -> float:
@@ -64,12 +126,19 @@ def in_scan(fn: Callable) -> Callable:
 
 
 def time_layer(
-    conv: Callable, x: jax.Array, kernel: jax.Array, stride: int, transpose: bool, repeats: int, scan: bool
+    conv: Callable,
+    x: jax.Array,
+    kernel: jax.Array,
+    stride: int,
+    transpose: bool,
+    repeats: int,
+    scan: bool,
+    padding: str = "SAME",
 ) -> dict[str, float]:
     """Milliseconds of one implementation's forward pass and gradients on (x, kernel)."""
 
     def forward(k: jax.Array, images: jax.Array) -> jax.Array:
-        return conv(images, k, stride, transpose)
+        return conv(images, k, stride, transpose, padding)
 
     dy = jnp.ones_like(forward(kernel, x)) * 0.01
 
@@ -91,34 +160,54 @@ def time_layer(
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--depth", type=int, default=4, help="cnn_depth (4 at '1m', 16 at '12m')")
+    parser.add_argument("--agent", choices=["dreamerv3", "tdmpc2"], default="dreamerv3")
+    parser.add_argument("--depth", type=int, default=4, help="DreamerV3's cnn_depth (4 at '1m', 16 at '12m')")
+    parser.add_argument("--channels", type=int, default=8, help="TD-MPC2's num_channels (size 1: 8)")
     parser.add_argument("--images", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--scan", action="store_true")
+    parser.add_argument("--precision", choices=MATMUL_PRECISIONS, default="float32")
     args = parser.parse_args()
-    rng = np.random.default_rng(0)
-    totals: dict[str, float] = {}
-    for name, side, cin, cout, stride, transpose in layers(args.depth):
-        x = jnp.asarray(rng.normal(size=(args.images, side, side, cin)), jnp.float32)
-        kernel = jnp.asarray(rng.normal(size=(5, 5, cin, cout)) * 0.05, jnp.float32)
-        row: dict = {"layer": name, "input": [side, side, cin], "output_channels": cout, "stride": stride}
-        for impl, conv in (("lax", lax_conv), ("conv2d", conv2d)):
-            parts = time_layer(conv, x, kernel, stride, transpose, args.repeats, args.scan)
-            for part, ms in parts.items():
-                row[f"{impl}_{part}_ms"] = round(ms, 1)
-                totals[f"{impl}_{part}_ms"] = totals.get(f"{impl}_{part}_ms", 0.0) + ms
-        print(json.dumps(row), flush=True)
+    with jax.default_matmul_precision(check_matmul_precision(args.precision)):
+        totals = time_layers(args)
     print(
         json.dumps(
             {
                 "total": {k: round(v, 1) for k, v in totals.items()},
-                "depth": args.depth,
+                "agent": args.agent,
+                **({"depth": args.depth} if args.agent == "dreamerv3" else {"channels": args.channels}),
                 "images": args.images,
+                "precision": args.precision,
                 "machine": f"{platform.machine()} {jax.devices()[0].platform}",
                 "jax": jax.__version__,
             }
         )
     )
+
+
+def time_layers(args: argparse.Namespace) -> dict[str, float]:
+    """Print each layer's row; return the totals."""
+    rng = np.random.default_rng(0)
+    if args.agent == "dreamerv3":
+        specs = [(*layer, 5, "SAME") for layer in layers(args.depth)]
+    else:
+        print(json.dumps(time_shifts(args.images, args.repeats)), flush=True)
+        specs = [
+            (f"conv{i}", side, 9 if i == 0 else args.channels, args.channels, stride, False, k, "VALID")
+            for i, (side, k, stride) in enumerate(TDMPC2_LAYERS)
+        ]
+    totals: dict[str, float] = {}
+    for name, side, cin, cout, stride, transpose, k, padding in specs:
+        x = jnp.asarray(rng.normal(size=(args.images, side, side, cin)), jnp.float32)
+        kernel = jnp.asarray(rng.normal(size=(k, k, cin, cout)) * 0.05, jnp.float32)
+        row: dict = {"layer": name, "input": [side, side, cin], "output_channels": cout, "stride": stride}
+        for impl, conv in (("lax", lax_conv), ("conv2d", block_conv)):
+            parts = time_layer(conv, x, kernel, stride, transpose, args.repeats, args.scan, padding)
+            for part, ms in parts.items():
+                row[f"{impl}_{part}_ms"] = round(ms, 1)
+                totals[f"{impl}_{part}_ms"] = totals.get(f"{impl}_{part}_ms", 0.0) + ms
+        print(json.dumps(row), flush=True)
+    return totals
 
 
 if __name__ == "__main__":

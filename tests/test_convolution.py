@@ -94,3 +94,17 @@ def test_same_pads_match_lax():
                 assert same_pads(size, k, stride, False) == tuple(
                     jax.lax.padtype_to_pads((size,), (k,), (stride,), "SAME")[0]
                 )
+
+
+def test_blocks_choose_the_program_on_any_backend():
+    """``blocks=False`` is jax.lax's own program; ``blocks=True`` the block convolution (other sums of
+    the same products), the default on a CPU."""
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(2, 16, 16, 9)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(7, 7, 9, 4)), jnp.float32)
+    lax_out = lax_conv(x, kernel, 2, False, "VALID")
+    assert bool(jnp.all(conv2d(x, kernel, 2, padding="VALID", blocks=False) == lax_out))
+    ours = conv2d(x, kernel, 2, padding="VALID", blocks=True)
+    np.testing.assert_allclose(ours, lax_out, rtol=1e-5, atol=1e-4)  # sums of 441 products ~ 20
+    assert not bool(jnp.all(ours == lax_out))  # another program: rounding differs somewhere
+    assert bool(jnp.all(conv2d(x, kernel, 2, padding="VALID") == ours))  # this test runs on a CPU

@@ -15,6 +15,10 @@ is charged to the JAX operation of its root, so elementwise work fused into a tr
 "transpose". The ops are also summed by the loop whose body holds them (a scan's forward or backward
 pass) or outside the loops.
 
+``--pixels`` profiles the same from 64 x 64 images: TD-MPC2 three stacked RGB frames (64 x 64 x 9 uint8,
+``num_channels`` = latent_dim / 16, as ``benchmarks/tdmpc2_speed.py --observation pixels``), DreamerV3
+one RGB frame (64 x 64 x 3, ``dreamerv3_speed.py --config update-1m-pixels``).
+
 ``--seeds N`` profiles the program of a seed group of N instead (the agent function's
 ``over_seeds``; the update as a group's training call, ``blocks.seeds.counted_updates``), with each
 seed's own parameters and inputs. On an accelerator the device's own op events are summed (the
@@ -56,13 +60,18 @@ RUNTIME_EVENTS = (
 )
 
 
-def make_dreamerv3_update(seeds: int = 0):
+PIXEL_FRAMES = (64, 64, 9)
+"""TD-MPC2's images: three stacked 64 x 64 RGB frames."""
+
+
+def make_dreamerv3_update(seeds: int = 0, pixels: bool = False):
     from profile_update import make_batches
 
     from sb3_worldmodels.dreamerv3 import agent as dreamer
     from sb3_worldmodels.dreamerv3.config import preset as dreamer_preset
 
-    config = dreamer_preset("1m", obs_dim=4, action_dim=2, discrete=True, batch_size=16, batch_length=64)
+    spaces = dict(obs_dim=0, image_shape=(64, 64, 3)) if pixels else dict(obs_dim=4)
+    config = dreamer_preset("1m", **spaces, action_dim=2, discrete=True, batch_size=16, batch_length=64)
     if seeds:
         state = stack_trees([dreamer.init_state(config, jax.random.PRNGKey(s)) for s in range(seeds)])
         batches = stack_trees([make_batches(config, 1, seed=s) for s in range(seeds)])
@@ -76,20 +85,27 @@ def make_dreamerv3_update(seeds: int = 0):
     return compiled, lambda: compiled(state, batches)[0].params
 
 
-def make_call(what: str, size: int, seeds: int = 0):
+def make_call(what: str, size: int, seeds: int = 0, pixels: bool = False):
     config = preset(size, obs_dim=3, action_dim=1, discount=0.975)
+    if pixels:
+        config = config.replace(obs_dim=0, image_shape=PIXEL_FRAMES, num_channels=config.latent_dim // 16)
     h, b = config.horizon, config.batch_size
+
+    def observations(rng: np.random.Generator, *shape: int) -> np.ndarray:
+        if pixels:
+            return rng.integers(0, 256, size=(*shape, *PIXEL_FRAMES), dtype=np.uint8)
+        return rng.normal(size=(*shape, 3)).astype(np.float32)
 
     def inputs(seed: int) -> tuple:
         rng = np.random.default_rng(seed)
         state = core.init_state(config, jax.random.PRNGKey(seed))
         batch = {
-            "obs": rng.normal(size=(1, h + 1, b, 3)).astype(np.float32),
+            "obs": observations(rng, 1, h + 1, b),
             "action": rng.uniform(-1, 1, size=(1, h, b, 1)).astype(np.float32),
             "reward": rng.normal(size=(1, h, b)).astype(np.float32),
         }
         plan = (
-            np.zeros((1, 3), np.float32),
+            observations(rng, 1),
             np.zeros((1, h, 1), np.float32),
             np.zeros((1,), bool),
             np.asarray(jax.random.PRNGKey(1 + seed)),
@@ -231,6 +247,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--seeds", type=int, default=0, help="a seed group's program over this many seeds")
+    parser.add_argument("--pixels", action="store_true", help="from 64 x 64 images instead of a vector")
     parser.add_argument("--save", type=Path, help="write the per-op times and the HLO to this JSON file")
     parser.add_argument("--trace-dir", type=Path, default=Path("/tmp/sb3wm_profile"))
     args = parser.parse_args()
@@ -238,9 +255,9 @@ def main() -> None:
         parser.error("--agent dreamerv3 profiles the update only")
     start = time.perf_counter()
     if args.agent == "dreamerv3":
-        compiled, call = make_dreamerv3_update(args.seeds)
+        compiled, call = make_dreamerv3_update(args.seeds, args.pixels)
     else:
-        compiled, call = make_call(args.what, args.size, args.seeds)
+        compiled, call = make_call(args.what, args.size, args.seeds, args.pixels)
     compile_s = time.perf_counter() - start
     for _ in range(2):
         jax.block_until_ready(call())
@@ -250,6 +267,7 @@ def main() -> None:
         jax.block_until_ready(call())
         times.append(time.perf_counter() - start)
     label = f"{args.agent} {args.what} size {args.size}" + (f", {args.seeds} seeds" if args.seeds else "")
+    label += ", pixels" if args.pixels else ""
     print(
         f"{label} on {jax.default_backend()}: median {np.median(times) * 1e3:.1f} ms over 5 calls "
         f"(untraced), compiled in {compile_s:.1f} s"

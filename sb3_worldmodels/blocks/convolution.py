@@ -124,7 +124,14 @@ def _block_taps(
     return select, (-dmin, dmax)
 
 
-def conv2d(x: Array, kernel: Array, stride: int = 1, transpose: bool = False, padding: str = "SAME") -> Array:
+def conv2d(
+    x: Array,
+    kernel: Array,
+    stride: int = 1,
+    transpose: bool = False,
+    padding: str = "SAME",
+    blocks: bool | None = None,
+) -> Array:
     """2-D convolution, (N, H, W, I) with (k, k, I, O) → (N, H', W', O): equal (up to float rounding)
     to ``lax.conv_general_dilated(x, kernel, (s, s), padding)`` (SAME: H' = ceil(H/s); VALID:
     H' = (H − k) // s + 1) or, with ``transpose`` (SAME only), ``lax.conv_transpose(x, kernel, (s, s),
@@ -134,7 +141,8 @@ def conv2d(x: Array, kernel: Array, stride: int = 1, transpose: bool = False, pa
     convolution (module docstring): a VALID convolution of an odd side first gets a zero row and
     column it never reads, and its output is cropped to H'. Other strides, a SAME convolution of an
     odd side, rectangular images and other backends (whose convolution libraries are not the reason
-    for the rearrangement) use ``jax.lax``.
+    for the rearrangement) use ``jax.lax``. ``blocks`` True or False chooses the block convolution (where
+    it applies) or ``jax.lax`` on any backend; None (the default) chooses by backend as above.
     """
     _, h, w, _ = x.shape
     k = kernel.shape[0]
@@ -142,7 +150,9 @@ def conv2d(x: Array, kernel: Array, stride: int = 1, transpose: bool = False, pa
         raise ValueError(f"conv2d: padding must be 'SAME' or (not transposed) 'VALID', got {padding!r}.")
     valid = padding == "VALID"
     blocks_apply = h == w and (valid or h % _BLOCK == 0) and stride in (1, _BLOCK) and kernel.shape[1] == k
-    if not blocks_apply or jax.default_backend() != "cpu":
+    if blocks is None:
+        blocks = jax.default_backend() == "cpu"
+    if not (blocks_apply and blocks):
         strides = (stride, stride)
         if transpose:
             return jax.lax.conv_transpose(x, kernel, strides, "SAME", dimension_numbers=_NUMBERS)
