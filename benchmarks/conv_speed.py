@@ -15,7 +15,8 @@ Milliseconds of the forward pass, the weight gradient and the input gradient, ea
 the agents' compiler options and at ``--precision`` (the agents' default: float32), median of
 ``--repeats`` calls; the implementations are timed in one process, layer by layer, so a busy
 neighbour affects them alike. ``conv2d`` is the block convolution (``blocks=True``) on any backend
-(the agents use it on a CPU only). Prints one JSON line per layer and one with the totals.
+(the agents use it on a CPU only); ``patches`` (convolutions, not transposed ones) one matmul of the
+image's patches with the kernel. Prints one JSON line per layer and one with the totals.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sb3_worldmodels.blocks.convolution import conv2d
+from sb3_worldmodels.blocks.convolution import conv2d, same_pads
 from sb3_worldmodels.blocks.images import SHIFT_PAD, pad_replicate, random_shifts, shift_images
 from sb3_worldmodels.blocks.jit import MATMUL_PRECISIONS, backend_compiler_options, check_matmul_precision
 
@@ -44,6 +45,27 @@ def lax_conv(
     if transpose:
         return jax.lax.conv_transpose(x, kernel, strides, "SAME", dimension_numbers=NUMBERS)
     return jax.lax.conv_general_dilated(x, kernel, strides, padding, dimension_numbers=NUMBERS)
+
+
+def patches_conv(
+    x: jax.Array, kernel: jax.Array, stride: int, transpose: bool, padding: str = "SAME"
+) -> jax.Array:
+    """The convolution as one matmul of the image's patches (k·k static strided slices side by side,
+    (N·H'·W', k·k·I)) with the kernel (k·k·I, O): the matrix unit sees k·k·I contracted values instead
+    of I. Not for transposed convolutions."""
+    if transpose:
+        raise ValueError("patches_conv: no transposed convolutions")
+    n, side, _, channels = x.shape
+    k = kernel.shape[0]
+    low, high = same_pads(side, k, stride, False) if padding == "SAME" else (0, 0)
+    x = jnp.pad(x, ((0, 0), (low, high), (low, high), (0, 0)))
+    out = (x.shape[1] - k) // stride + 1
+    last = stride * (out - 1) + 1
+    patches = jnp.concatenate(
+        [x[:, i : i + last : stride, j : j + last : stride, :] for i in range(k) for j in range(k)], axis=-1
+    )
+    y = jnp.dot(patches.reshape(-1, k * k * channels), kernel.reshape(k * k * channels, -1))
+    return y.reshape(n, out, out, -1)
 
 
 def block_conv(
@@ -201,7 +223,13 @@ def time_layers(args: argparse.Namespace) -> dict[str, float]:
         x = jnp.asarray(rng.normal(size=(args.images, side, side, cin)), jnp.float32)
         kernel = jnp.asarray(rng.normal(size=(k, k, cin, cout)) * 0.05, jnp.float32)
         row: dict = {"layer": name, "input": [side, side, cin], "output_channels": cout, "stride": stride}
-        for impl, conv in (("lax", lax_conv), ("conv2d", block_conv)):
+        expected = lax_conv(x, kernel, stride, transpose, padding)
+        impls = [("lax", lax_conv), ("conv2d", block_conv)] + (
+            [] if transpose else [("patches", patches_conv)]
+        )
+        for impl, conv in impls:
+            if impl == "patches":  # checked against jax.lax first
+                np.testing.assert_allclose(conv(x, kernel, stride, transpose, padding), expected, atol=2e-3)
             parts = time_layer(conv, x, kernel, stride, transpose, args.repeats, args.scan, padding)
             for part, ms in parts.items():
                 row[f"{impl}_{part}_ms"] = round(ms, 1)
