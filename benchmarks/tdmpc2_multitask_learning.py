@@ -26,6 +26,11 @@ each seed as above; the pool and the bars are those of the single-seed check. Th
 tdmpc2_multitask_seeds0-2.json, holds per task each seed's score and verdict, their mean and
 interquartile mean and the seeds that pass; a seed passes the check when it passes on every task.
 
+``multi --tasks reacher-easy --seeds 0 1 2`` is the offline control of a task: the same offline
+training (``TDMPC2MultiTask``, the same updates, evaluations and bar) on that task's export alone, so a
+task that fails the check can be told apart as lost to sharing the model with the other task or to
+learning offline from the pool's data; result tdmpc2_offline_<tasks>_seeds0-2.json.
+
 ``--smoke`` (both phases): the smallest TD-MPC2 (``SMOKE_SETTINGS``), one episode per task (50 random
 steps), 20 updates at batch 16 and one evaluation episode, in benchmarks/results/checkpoints/smoke/.
 """
@@ -171,15 +176,23 @@ def task_verdict(score: float, single: float, rand: float) -> dict:
     }
 
 
-def multi(seeds: list[int] | None = None, smoke: bool = False, argv: list[str] | None = None) -> dict:
+def multi(
+    seeds: list[int] | None = None,
+    smoke: bool = False,
+    argv: list[str] | None = None,
+    tasks: tuple[str, ...] = TASKS,
+) -> dict:
+    """The offline model on the pool of ``tasks``' exports (all: the multi-task check; fewer: the
+    offline control of those tasks), its evaluations and verdicts; writes and returns the result."""
     data, results = where(smoke)
-    singles = {task: json.loads((results / f"tdmpc2_multitask_{task}.json").read_text()) for task in TASKS}
-    pool = pool_tasks({task: data / f"{task}.npz" for task in TASKS}, data / "pool", overwrite=True)
+    singles = {task: json.loads((results / f"tdmpc2_multitask_{task}.json").read_text()) for task in tasks}
+    name = "multitask" if tasks == TASKS else "offline_" + "+".join(tasks)
+    pool = pool_tasks({task: data / f"{task}.npz" for task in tasks}, data / f"pool_{name}", overwrite=True)
     settings = SMOKE["settings"] if smoke else {"model_size": 1}
     model = TDMPC2MultiTask(pool, **settings, seed=SEED if seeds is None else seeds)
     group = "" if seeds is None else f"_{group_name(seeds)}"
-    model.set_logger(configure(str(data / f"multi{group}_log"), ["csv"]))
-    envs = {task: FlattenObservation(make_env(task, SEED)) for task in TASKS}
+    model.set_logger(configure(str(data / f"{name}{group}_log"), ["csv"]))
+    envs = {task: FlattenObservation(make_env(task, SEED)) for task in tasks}
     episodes, final_episodes = (SMOKE["episodes"],) * 2 if smoke else (EVAL_EPISODES, FINAL_EPISODES)
     every = SMOKE["eval_every"] if smoke else EVAL_EVERY_UPDATES
     callback = MultiTaskEvalCallback(envs, eval_freq=every, n_eval_episodes=episodes, verbose=1)
@@ -190,9 +203,9 @@ def multi(seeds: list[int] | None = None, smoke: bool = False, argv: list[str] |
     else:
         finals = [model.evaluate(envs, final_episodes, seed_index=i) for i in range(len(seeds))]
     seconds = time.time() - start
-    model.save(data / f"multitask{group}.npz")
+    model.save(data / f"{name}{group}.npz")
     verdicts = [
-        {task: task_verdict(final[task], singles[task]["single"], singles[task]["random"]) for task in TASKS}
+        {task: task_verdict(final[task], singles[task]["single"], singles[task]["random"]) for task in tasks}
         for final in finals
     ]
     result = {
@@ -223,11 +236,11 @@ def multi(seeds: list[int] | None = None, smoke: bool = False, argv: list[str] |
                     for seed, v in zip(seeds, verdicts, strict=True)
                 ],
             }
-            for task in TASKS
+            for task in tasks
         }
         result.update(n_passed=sum(passed), n_seeds=len(seeds), per_seed_passed=passed)
     result.update(settings=settings, **run_record(script_command(__file__, argv)), curve=callback.evaluations)
-    (results / f"tdmpc2_multitask{group}.json").write_text(json.dumps(result, indent=1))
+    (results / f"tdmpc2_{name}{group}.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
     return result
 
@@ -274,14 +287,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--seeds", type=int, nargs="+", help="multi: several seeds, trained as one seed group"
     )
+    parser.add_argument(
+        "--tasks", choices=TASKS, nargs="+", help="multi: these tasks' exports only (an offline control)"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny settings (see above)")
     args = parser.parse_args(argv)
     if args.seeds is not None and args.phase != "multi":
         parser.error("--seeds is for the multi phase (the pool is the single-task agents' of seed 0)")
+    if args.tasks is not None and args.phase != "multi":
+        parser.error("--tasks is for the multi phase (single takes --task)")
     if args.phase == "single":
         single(args.task, args.smoke, argv)
     elif args.phase == "multi":
-        multi(args.seeds, args.smoke, argv)
+        multi(args.seeds, args.smoke, argv, TASKS if args.tasks is None else tuple(args.tasks))
     else:
         plot()
 
