@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sb3_worldmodels.blocks.convolution import conv2d, conv_stride1, same_pads
+from sb3_worldmodels.blocks.convolution import conv2d, conv2d_patches, conv_stride1, same_pads
 
 NUMBERS = ("NHWC", "HWIO", "NHWC")
 
@@ -96,15 +96,52 @@ def test_same_pads_match_lax():
                 )
 
 
-def test_blocks_choose_the_program_on_any_backend():
-    """``blocks=False`` is jax.lax's own program; ``blocks=True`` the block convolution (other sums of
-    the same products), the default on a CPU."""
+def test_methods_choose_the_program_on_any_backend():
+    """``method="lax"`` is jax.lax's own program; "blocks" and "patches" other sums of the same
+    products; the default on a CPU is "blocks"."""
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.normal(size=(2, 16, 16, 9)), jnp.float32)
     kernel = jnp.asarray(rng.normal(size=(7, 7, 9, 4)), jnp.float32)
     lax_out = lax_conv(x, kernel, 2, False, "VALID")
-    assert bool(jnp.all(conv2d(x, kernel, 2, padding="VALID", blocks=False) == lax_out))
-    ours = conv2d(x, kernel, 2, padding="VALID", blocks=True)
-    np.testing.assert_allclose(ours, lax_out, rtol=1e-5, atol=1e-4)  # sums of 441 products ~ 20
-    assert not bool(jnp.all(ours == lax_out))  # another program: rounding differs somewhere
-    assert bool(jnp.all(conv2d(x, kernel, 2, padding="VALID") == ours))  # this test runs on a CPU
+    assert bool(jnp.all(conv2d(x, kernel, 2, padding="VALID", method="lax") == lax_out))
+    blocks = conv2d(x, kernel, 2, padding="VALID", method="blocks")
+    np.testing.assert_allclose(blocks, lax_out, rtol=1e-5, atol=1e-4)  # sums of 441 products ~ 20
+    assert not bool(jnp.all(blocks == lax_out))  # another program: rounding differs somewhere
+    assert bool(jnp.all(conv2d(x, kernel, 2, padding="VALID") == blocks))  # this test runs on a CPU
+    with pytest.raises(ValueError, match="method must be one of"):
+        conv2d(x, kernel, 2, padding="VALID", method="fft")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_patches_equal_lax_values_and_gradients(case):
+    side, cin, cout, k, stride, transpose, *rest = case
+    padding = rest[0] if rest else "SAME"
+    rng = np.random.default_rng(side * 100 + cin * 10 + k + 1)
+    x = jnp.asarray(rng.normal(size=(3, side, side, cin)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(k, k, cin, cout)), jnp.float32)
+    weights = jnp.asarray(rng.normal(size=lax_conv(x, kernel, stride, transpose, padding).shape), jnp.float32)
+
+    def loss(method):
+        def conv(x, kernel):
+            if method == "lax":
+                return jnp.sum(weights * lax_conv(x, kernel, stride, transpose, padding))
+            return jnp.sum(weights * conv2d(x, kernel, stride, transpose, padding, method=method))
+
+        return conv
+
+    np.testing.assert_allclose(loss("patches")(x, kernel), loss("lax")(x, kernel), rtol=1e-5, atol=1e-3)
+    ours = jax.grad(loss("patches"), (0, 1))(x, kernel)
+    for g_ours, g_theirs in zip(ours, jax.grad(loss("lax"), (0, 1))(x, kernel), strict=True):
+        np.testing.assert_allclose(g_ours, g_theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_patches_of_a_rectangular_image_with_a_broken_tap_order_differ():
+    """The patches' tap order must match the kernel's (k, k, I) layout: transposing the kernel's two
+    spatial axes (a tap order of columns first) changes the result."""
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.normal(size=(2, 10, 12, 3)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(3, 3, 3, 5)), jnp.float32)
+    expected = lax_conv(x, kernel, 1, False, "SAME")
+    np.testing.assert_allclose(conv2d_patches(x, kernel, 1, "SAME"), expected, rtol=1e-5, atol=1e-5)
+    swapped = conv2d_patches(x, jnp.swapaxes(kernel, 0, 1), 1, "SAME")
+    assert float(jnp.max(jnp.abs(swapped - expected))) > 0.1

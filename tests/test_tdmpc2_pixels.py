@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sb3_worldmodels.blocks.images import SHIFT_PAD, pad_replicate, random_shifts, shift_images
+from sb3_worldmodels.blocks.images import SHIFT_METHODS, SHIFT_PAD, pad_replicate, random_shifts, shift_images
 from sb3_worldmodels.blocks.layers import simnorm
 from sb3_worldmodels.tdmpc2 import networks as N
 from tests.parity_helpers import (  # noqa: F401 (highest_precision: a fixture)
@@ -109,6 +109,33 @@ def test_shift_identity_and_leading_axes():
     np.testing.assert_array_equal(left[:, SHIFT_PAD + 1 :], images[0, 0, :, 1:-SHIFT_PAD])
     with pytest.raises(ValueError, match="shifts must have shape"):
         shift_images(images, shifts[0])
+
+
+@pytest.mark.parametrize("method", SHIFT_METHODS)
+@pytest.mark.parametrize("dtype", [jnp.uint8, jnp.float32])
+def test_every_shift_method_is_the_same_crop(method, dtype):
+    """The backends' ways of the shift are the same exact crop (uint8 images and float ones), offsets
+    out of range clamped alike, and the methods are told apart (a bad name is refused)."""
+    key_images, key_float, key_shifts = jax.random.split(jax.random.PRNGKey(3), 3)
+    images = jax.random.randint(key_images, (2, 3, 12, 12, 5), 0, 256).astype(dtype)
+    if dtype == jnp.float32:  # values that bfloat16 would round
+        images = images + jax.random.uniform(key_float, images.shape)
+    shifts = random_shifts(key_shifts, (2, 3)).at[0, 0].set(jnp.asarray([-2, 9]))
+    expected = jnp.stack(
+        [
+            pad_replicate(image)[
+                min(max(y, 0), 6) : min(max(y, 0), 6) + 12, min(max(x, 0), 6) : min(max(x, 0), 6) + 12
+            ]
+            for image, (x, y) in zip(
+                images.reshape(6, 12, 12, 5), np.asarray(shifts).reshape(6, 2), strict=True
+            )
+        ]
+    ).reshape(images.shape)
+    out = jax.jit(lambda i, s: shift_images(i, s, method=method))(images, shifts)
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(out, expected)
+    with pytest.raises(ValueError, match="method must be one of"):
+        shift_images(images, shifts, method="roll")
 
 
 def test_random_shift_draw():

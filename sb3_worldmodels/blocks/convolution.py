@@ -124,35 +124,49 @@ def _block_taps(
     return select, (-dmin, dmax)
 
 
+CONV_METHODS = ("lax", "blocks", "patches")
+"""How :func:`conv2d` computes: ``jax.lax``'s convolution, the block convolution (space to depth, module
+docstring), or one matmul of the image's patches (:func:`conv2d_patches`)."""
+
+DEFAULT_CONV_METHOD = {"cpu": "blocks"}
+"""The method :func:`conv2d` uses on each backend (``jax.default_backend()``), "lax" where none is
+named: the block convolution is XLA:CPU's fast form (benchmarks/conv_speed.py). A benchmark may
+change an entry before it compiles, to time a whole program with another method."""
+
+
 def conv2d(
     x: Array,
     kernel: Array,
     stride: int = 1,
     transpose: bool = False,
     padding: str = "SAME",
-    blocks: bool | None = None,
+    method: str | None = None,
 ) -> Array:
     """2-D convolution, (N, H, W, I) with (k, k, I, O) → (N, H', W', O): equal (up to float rounding)
     to ``lax.conv_general_dilated(x, kernel, (s, s), padding)`` (SAME: H' = ceil(H/s); VALID:
     H' = (H − k) // s + 1) or, with ``transpose`` (SAME only), ``lax.conv_transpose(x, kernel, (s, s),
     "SAME")`` (H' = s·H, kernel not flipped).
 
-    On a CPU, strides 1 and 2 of square kernels on square images run as one stride-1 block
-    convolution (module docstring): a VALID convolution of an odd side first gets a zero row and
-    column it never reads, and its output is cropped to H'. Other strides, a SAME convolution of an
-    odd side, rectangular images and other backends (whose convolution libraries are not the reason
-    for the rearrangement) use ``jax.lax``. ``blocks`` True or False chooses the block convolution (where
-    it applies) or ``jax.lax`` on any backend; None (the default) chooses by backend as above.
+    ``method`` (:data:`CONV_METHODS`; None: the backend's, :data:`DEFAULT_CONV_METHOD`): "blocks" runs
+    strides 1 and 2 of square kernels on square images as one stride-1 block convolution (module
+    docstring; a VALID convolution of an odd side first gets a zero row and column it never reads,
+    and its output is cropped to H'); other strides, a SAME convolution of an odd side and rectangular
+    images use ``jax.lax``. "patches" computes a convolution (not a transposed one, which uses the
+    blocks) as :func:`conv2d_patches`.
     """
     _, h, w, _ = x.shape
     k = kernel.shape[0]
     if padding not in ("SAME", "VALID") or (transpose and padding != "SAME"):
         raise ValueError(f"conv2d: padding must be 'SAME' or (not transposed) 'VALID', got {padding!r}.")
+    if method is None:
+        method = DEFAULT_CONV_METHOD.get(jax.default_backend(), "lax")
+    if method not in CONV_METHODS:
+        raise ValueError(f"conv2d: method must be one of {CONV_METHODS}, got {method!r}.")
+    if method == "patches" and not transpose:
+        return conv2d_patches(x, kernel, stride, padding)
     valid = padding == "VALID"
     blocks_apply = h == w and (valid or h % _BLOCK == 0) and stride in (1, _BLOCK) and kernel.shape[1] == k
-    if blocks is None:
-        blocks = jax.default_backend() == "cpu"
-    if not (blocks_apply and blocks):
+    if method == "lax" or not blocks_apply:
         strides = (stride, stride)
         if transpose:
             return jax.lax.conv_transpose(x, kernel, strides, "SAME", dimension_numbers=_NUMBERS)
@@ -164,6 +178,23 @@ def conv2d(
         return _conv2d_blocks(x, kernel, stride, False, 0)[:, :size, :size]
     low, _ = same_pads(h, k, stride, transpose)
     return _conv2d_blocks(x, kernel, stride, transpose, low)
+
+
+def conv2d_patches(x: Array, kernel: Array, stride: int = 1, padding: str = "SAME") -> Array:
+    """A convolution as one matmul: the image's patches, k·k static strided slices side by side
+    ((N·H'·W', k·k·I), tap-major as the kernel's (k, k, I) axes), times the kernel as a (k·k·I, O)
+    matrix. A matrix unit then contracts k·k·I values at once instead of I per tap (I = 3 or 9 image
+    channels). Gradients by autodiff (a matmul, and slices' transposes). Same shapes as :func:`conv2d`."""
+    n, h, w, channels = x.shape
+    k, kw = kernel.shape[:2]
+    if padding == "SAME":
+        rows, cols = same_pads(h, k, stride, False), same_pads(w, kw, stride, False)
+        x = jnp.pad(x, ((0, 0), rows, cols, (0, 0)))
+    out_h, out_w = (x.shape[1] - k) // stride + 1, (x.shape[2] - kw) // stride + 1
+    span_h, span_w = stride * (out_h - 1) + 1, stride * (out_w - 1) + 1
+    taps = [x[:, i : i + span_h : stride, j : j + span_w : stride, :] for i in range(k) for j in range(kw)]
+    patches = jnp.concatenate(taps, axis=-1).reshape(-1, k * kw * channels)
+    return jnp.dot(patches, kernel.reshape(k * kw * channels, -1)).reshape(n, out_h, out_w, -1)
 
 
 def _conv2d_blocks(x: Array, kernel: Array, stride: int, transpose: bool, low: int) -> Array:

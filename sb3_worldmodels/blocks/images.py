@@ -30,7 +30,16 @@ def pad_replicate(images: Array, pad: int = SHIFT_PAD) -> Array:
     return jnp.pad(images, widths, mode="edge")
 
 
-def shift_images(images: Array, shifts: Array, pad: int = SHIFT_PAD) -> Array:
+SHIFT_METHODS = ("slice", "select", "matmul")
+"""How :func:`shift_images` crops: a dynamic slice per image (vmapped: one gather), a select among the
+2·pad + 1 static crops of each axis, or two one-hot matmuls per image (rows, then columns). All exact."""
+
+DEFAULT_SHIFT_METHOD: dict[str, str] = {}
+"""The method :func:`shift_images` uses on each backend, "slice" where none is named (the fastest on a
+CPU, benchmarks/conv_speed.py --agent tdmpc2). A benchmark may change an entry before it compiles."""
+
+
+def shift_images(images: Array, shifts: Array, pad: int = SHIFT_PAD, method: str | None = None) -> Array:
     """The shift augmentation with given offsets: crop (H, W) of the replicate-padded image.
 
     Args:
@@ -39,6 +48,7 @@ def shift_images(images: Array, shifts: Array, pad: int = SHIFT_PAD) -> Array:
             (x, width) offset and ``shifts[..., 1]`` the row (y, height) offset, the order of the
             reference's grid (layers.py:54-58@eece801). Output pixel (i, j) is padded pixel
             (i + shifts[..., 1], j + shifts[..., 0]); offset ``pad`` in both is the identity.
+        method: :data:`SHIFT_METHODS` (None: the backend's, :data:`DEFAULT_SHIFT_METHOD`).
 
     Returns:
         (..., H, W, C) in the dtype of ``images``. Offsets outside [0, 2·pad] are clamped to it.
@@ -47,13 +57,51 @@ def shift_images(images: Array, shifts: Array, pad: int = SHIFT_PAD) -> Array:
     lead = images.shape[:-3]
     if shifts.shape != (*lead, 2):
         raise ValueError(f"shifts must have shape {(*lead, 2)} for images {images.shape}, got {shifts.shape}")
+    if method is None:
+        method = DEFAULT_SHIFT_METHOD.get(jax.default_backend(), "slice")
+    if method not in SHIFT_METHODS:
+        raise ValueError(f"shift_images: method must be one of {SHIFT_METHODS}, got {method!r}.")
     padded = pad_replicate(images, pad).reshape(-1, height + 2 * pad, width + 2 * pad, channels)
-    offsets = jnp.asarray(shifts, jnp.int32).reshape(-1, 2)
+    offsets = jnp.clip(jnp.asarray(shifts, jnp.int32).reshape(-1, 2), 0, 2 * pad)
+    if method == "select":
+        return _shift_by_select(padded, offsets, height, width).reshape(images.shape)
+    if method == "matmul":
+        return _shift_by_matmul(padded, offsets, height, width).reshape(images.shape)
 
     def crop(image: Array, offset: Array) -> Array:
         return jax.lax.dynamic_slice(image, (offset[1], offset[0], 0), (height, width, channels))
 
     return jax.vmap(crop)(padded, offsets).reshape(images.shape)
+
+
+def _shift_by_select(padded: Array, offsets: Array, height: int, width: int) -> Array:
+    """(N, H + 2p, W + 2p, C) crops chosen per image among the static ones, rows then columns."""
+    span = padded.shape[1] - height
+    row_offset, col_offset = offsets[:, 1, None, None, None], offsets[:, 0, None, None, None]
+    rows = padded[:, :height]
+    for k in range(1, span + 1):
+        rows = jnp.where(row_offset == k, padded[:, k : k + height], rows)
+    out = rows[:, :, :width]
+    for k in range(1, span + 1):
+        out = jnp.where(col_offset == k, rows[:, :, k : k + width], out)
+    return out
+
+
+def _shift_by_matmul(padded: Array, offsets: Array, height: int, width: int) -> Array:
+    """(N, H + 2p, W + 2p, C) crops as one-hot row and column selections: uint8 images multiplied in
+    bfloat16 (exact for integers up to 256), others in float32 at full precision; sums in float32."""
+    dtype = jnp.bfloat16 if padded.dtype == jnp.uint8 else jnp.float32
+    rows = jax.nn.one_hot(offsets[:, 1, None] + jnp.arange(height), padded.shape[1], dtype=dtype)
+    cols = jax.nn.one_hot(offsets[:, 0, None] + jnp.arange(width), padded.shape[2], dtype=dtype)
+    out = jnp.einsum(
+        "niy,nyxc,njx->nijc",
+        rows,
+        padded.astype(dtype),
+        cols,
+        preferred_element_type=jnp.float32,
+        precision=jax.lax.Precision.HIGHEST,
+    )
+    return out.astype(padded.dtype)
 
 
 def random_shifts(key: Array, batch_shape: tuple[int, ...], pad: int = SHIFT_PAD) -> Array:
