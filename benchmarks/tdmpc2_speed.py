@@ -5,12 +5,16 @@ seconds and agent steps per second (one plan and one update per agent step, as a
     python benchmarks/tdmpc2_speed.py --size 1 --size 5 --observation vector --observation pixels
     PYTHONPATH=/tmp/base python benchmarks/tdmpc2_speed.py --size 1 --impl sb3wm_base --impl sb3_worldmodels
     python benchmarks/tdmpc2_speed.py --size 1 --compute-dtype float32 --compute-dtype bfloat16
+    python benchmarks/tdmpc2_speed.py --size 1 --observation pixels --pixel-methods lax/slice \
+        --pixel-methods patches/matmul      # the encoder's convolutions / shift computed other ways
 
 Each timing is a median over ``--repeats`` calls after compilation; plans and updates of every
 (size, implementation, compute dtype) row are timed round-robin in one process, so a busy neighbour on
 the CPU affects every row alike. ``--impl`` names a package with the layout of ``sb3_worldmodels``
-(e.g. an older commit's copy, renamed, on PYTHONPATH) to compare side by side. Prints one JSON line
-per row.
+(e.g. an older commit's copy, renamed, on PYTHONPATH) to compare side by side. ``--pixel-methods
+CONV/SHIFT`` compiles the pixel programs with ``blocks.convolution.conv2d``'s method CONV and
+``blocks.images.shift_images``'s method SHIFT instead of the backend's defaults (one row per value).
+Prints one JSON line per row.
 
 ``--reference-src`` (the reference's ``tdmpc2/`` folder, nicklashansen/tdmpc2 @ b67b21c) and
 ``--reference-python`` (a Python with its dependencies) add the reference PyTorch code to the same
@@ -23,6 +27,7 @@ round robin, one worker process per size (``reference_tdmpc2_worker.py``; each c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import inspect
 import json
@@ -32,6 +37,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -49,6 +55,33 @@ PIXEL_SHAPE = (64, 64, 9)
 """Three stacked 64 x 64 RGB frames, channel-last, as ``make_dmc_env(task, pixels=True, frame_stack=3)``."""
 
 
+@contextlib.contextmanager
+def pixel_methods(impl: str, methods: str | None) -> Iterator[None]:
+    """While tracing: ``impl``'s convolution and shift methods on this backend from "CONV/SHIFT" (None:
+    the package's defaults). JAX's caches of traced functions are cleared on the way in and out: the
+    methods are read while tracing, not part of a cache key."""
+    if methods is None:
+        yield
+        return
+    conv, shift = methods.split("/")
+    backend = jax.default_backend()
+    tables = [
+        (importlib.import_module(f"{impl}.blocks.convolution").DEFAULT_CONV_METHOD, conv),
+        (importlib.import_module(f"{impl}.blocks.images").DEFAULT_SHIFT_METHOD, shift),
+    ]
+    saved = [dict(table) for table, _ in tables]
+    jax.clear_caches()
+    try:
+        for table, method in tables:
+            table[backend] = method
+        yield
+    finally:
+        for (table, _), before in zip(tables, saved, strict=True):
+            table.clear()
+            table.update(before)
+        jax.clear_caches()
+
+
 def build(
     size: int,
     obs_dim: int,
@@ -56,6 +89,7 @@ def build(
     impl: str = "sb3_worldmodels",
     pixels: bool = False,
     compute_dtype: str | None = None,
+    methods: str | None = None,
     options: dict | None = None,
 ) -> dict:
     """Compiled plan and update of one model size on random inputs; ``pixels``: 64 x 64 images of
@@ -96,12 +130,13 @@ def build(
     prev = jnp.zeros((1, h, action_dim), jnp.float32)
     first = jnp.zeros((1,), bool)
     key = jax.random.PRNGKey(1)
-    t = time.perf_counter()
-    plan = act_jit.lower(config, state.params, obs, prev, first, key).compile()
-    plan_compile = time.perf_counter() - t
-    t = time.perf_counter()
-    update = train_many_jit.lower(config, state, batch).compile()
-    update_compile = time.perf_counter() - t
+    with pixel_methods(impl, methods):
+        t = time.perf_counter()
+        plan = act_jit.lower(config, state.params, obs, prev, first, key).compile()
+        plan_compile = time.perf_counter() - t
+        t = time.perf_counter()
+        update = train_many_jit.lower(config, state, batch).compile()
+        update_compile = time.perf_counter() - t
     jax.block_until_ready(plan(state.params, obs, prev, first, key))
     state2 = jax.block_until_ready(update(state, batch))[0]
     row = {
@@ -109,6 +144,7 @@ def build(
         "size": size,
         "observation": "pixels 64x64x9" if pixels else f"vector {obs_dim}",
         "compute_dtype": getattr(config, "compute_dtype", "float32"),
+        **({"pixel_methods": methods} if methods else {}),
         # the replay's fields (TDMPC2._replay_fields): obs, float32 action, reward and terminated
         "replay_bytes_per_row": int(obs[0].nbytes + 4 * (action_dim + 2)),
         "plan_compile_s": round(plan_compile, 2),
@@ -133,8 +169,9 @@ def build(
     row.update(time_plan=time_plan, time_update=time_update, params=lambda: params)
     # The matmuls' arithmetic (2 FLOPs per multiply-add, from the traced programs): the floor of a step
     # on a chip is this over its matmul rate (six bfloat16 passes per float32 matmul on a TPU).
-    plan_jaxpr = jax.make_jaxpr(lambda *a: core.act(config, *a))(state.params, obs, prev, first, key)
-    update_jaxpr = jax.make_jaxpr(lambda *a: core.train_many(config, *a))(state, batch)
+    with pixel_methods(impl, methods):
+        plan_jaxpr = jax.make_jaxpr(lambda *a: core.act(config, *a))(state.params, obs, prev, first, key)
+        update_jaxpr = jax.make_jaxpr(lambda *a: core.train_many(config, *a))(state, batch)
     row["plan_gflop"] = round(matmul_flops(plan_jaxpr.jaxpr) / 1e9, 2)
     row["update_gflop"] = round(matmul_flops(update_jaxpr.jaxpr) / 1e9, 2)
     return row
@@ -205,16 +242,25 @@ def main() -> None:
         action="append",
         help="the configs' compute_dtype (default: the config's, float32); both: side by side",
     )
+    parser.add_argument(
+        "--pixel-methods",
+        action="append",
+        help="CONV/SHIFT: conv2d's and shift_images' methods for the pixel programs (default: the backend's)",
+    )
     parser.add_argument("--reference-src", help="the reference's tdmpc2/ source folder (b67b21c)")
     parser.add_argument("--reference-python", default=sys.executable, help="Python for the reference")
     parser.add_argument("--out", type=Path, default=None, help="append the rows to this .jsonl file")
     args = parser.parse_args()
+    for methods in args.pixel_methods or []:
+        if methods.count("/") != 1:
+            parser.error(f"--pixel-methods takes CONV/SHIFT (e.g. lax/slice), got {methods!r}")
     builds = [
-        build(size, args.obs_dim, args.action_dim, impl, observation == "pixels", dtype)
+        build(size, args.obs_dim, args.action_dim, impl, observation == "pixels", dtype, methods)
         for size in args.size or [1, 5]
         for observation in args.observation or ["vector"]
         for impl in args.impl or ["sb3_worldmodels"]
         for dtype in args.compute_dtype or [None]
+        for methods in ((args.pixel_methods or [None]) if observation == "pixels" else [None])
     ]
     if args.reference_src:
         builds += [
@@ -239,6 +285,7 @@ def main() -> None:
             "size": b["size"],
             "observation": b.get("observation", f"vector {args.obs_dim}"),
             "compute_dtype": b.get("compute_dtype", "float32"),
+            **({"pixel_methods": b["pixel_methods"]} if "pixel_methods" in b else {}),
             "replay_bytes_per_row": b.get("replay_bytes_per_row"),
             "params": b["params"](),
             "plan_ms": round(plan_ms, 1),
