@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sb3_worldmodels.blocks.backend import gather_free_forms
 from sb3_worldmodels.blocks.images import SHIFT_METHODS, SHIFT_PAD, pad_replicate, random_shifts, shift_images
 from sb3_worldmodels.blocks.layers import simnorm
 from sb3_worldmodels.tdmpc2 import networks as N
@@ -136,6 +137,21 @@ def test_every_shift_method_is_the_same_crop(method, dtype):
     np.testing.assert_array_equal(out, expected)
     with pytest.raises(ValueError, match="method must be one of"):
         shift_images(images, shifts, method="roll")
+
+
+def test_the_gather_free_programs_shift_without_a_gather():
+    """Where the programs are gather-free (accelerators; forced here) the shift is the select, the same
+    crop; elsewhere the dynamic slices, one gather."""
+    images = jax.random.randint(jax.random.PRNGKey(4), (6, 12, 12, 9), 0, 256).astype(jnp.uint8)
+    shifts = random_shifts(jax.random.PRNGKey(5), (6,))
+    with gather_free_forms(True):  # new functions: a traced function is cached whatever the form
+        free = str(jax.make_jaxpr(lambda i, s: shift_images(i, s))(images, shifts))
+        out = jax.jit(lambda i, s: shift_images(i, s))(images, shifts)
+    with gather_free_forms(False):
+        sliced = str(jax.make_jaxpr(lambda i, s: shift_images(i, s))(images, shifts))
+        expected = jax.jit(lambda i, s: shift_images(i, s))(images, shifts)
+    assert "gather" not in free and "gather" in sliced
+    np.testing.assert_array_equal(out, expected)
 
 
 def test_random_shift_draw():

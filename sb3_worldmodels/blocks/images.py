@@ -16,6 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from sb3_worldmodels.blocks.backend import gather_free
+
 Array = jax.Array
 
 SHIFT_PAD = 3
@@ -35,8 +37,8 @@ SHIFT_METHODS = ("slice", "select", "matmul")
 2·pad + 1 static crops of each axis, or two one-hot matmuls per image (rows, then columns). All exact."""
 
 DEFAULT_SHIFT_METHOD: dict[str, str] = {}
-"""The method :func:`shift_images` uses on each backend, "slice" where none is named (the fastest on a
-CPU, benchmarks/conv_speed.py --agent tdmpc2). A benchmark may change an entry before it compiles."""
+"""A method :func:`shift_images` uses on a backend whatever the gather-free switch says (none named by
+default; a benchmark may name one before it traces)."""
 
 
 def shift_images(images: Array, shifts: Array, pad: int = SHIFT_PAD, method: str | None = None) -> Array:
@@ -48,7 +50,9 @@ def shift_images(images: Array, shifts: Array, pad: int = SHIFT_PAD, method: str
             (x, width) offset and ``shifts[..., 1]`` the row (y, height) offset, the order of the
             reference's grid (layers.py:54-58@eece801). Output pixel (i, j) is padded pixel
             (i + shifts[..., 1], j + shifts[..., 0]); offset ``pad`` in both is the identity.
-        method: :data:`SHIFT_METHODS` (None: the backend's, :data:`DEFAULT_SHIFT_METHOD`).
+        method: :data:`SHIFT_METHODS`. None: the backend's in :data:`DEFAULT_SHIFT_METHOD`, else
+            "select" where the programs are gather-free (:func:`~sb3_worldmodels.blocks.backend.gather_free`:
+            on accelerators, whose gathers are slow), "slice" elsewhere (on a CPU the fastest).
 
     Returns:
         (..., H, W, C) in the dtype of ``images``. Offsets outside [0, 2·pad] are clamped to it.
@@ -58,7 +62,7 @@ def shift_images(images: Array, shifts: Array, pad: int = SHIFT_PAD, method: str
     if shifts.shape != (*lead, 2):
         raise ValueError(f"shifts must have shape {(*lead, 2)} for images {images.shape}, got {shifts.shape}")
     if method is None:
-        method = DEFAULT_SHIFT_METHOD.get(jax.default_backend(), "slice")
+        method = DEFAULT_SHIFT_METHOD.get(jax.default_backend(), "select" if gather_free() else "slice")
     if method not in SHIFT_METHODS:
         raise ValueError(f"shift_images: method must be one of {SHIFT_METHODS}, got {method!r}.")
     padded = pad_replicate(images, pad).reshape(-1, height + 2 * pad, width + 2 * pad, channels)
