@@ -27,7 +27,8 @@ CPU slows both alike:
         --reference-src /path/to/dreamerv3 --reference-python /path/to/venv/bin/python \
         --out benchmarks/results/official_speed.jsonl
 
-Prints one JSON line per run (``--out`` appends it to a .jsonl file too), with the CPU's model and
+Compile times are of compiles: the package's persistent compilation cache is off
+(``SB3WM_COMPILATION_CACHE=off`` unless set). Prints one JSON line per run (``--out`` appends it to a .jsonl file too), with the CPU's model and
 vector extensions; copy the results into docs/performance.md with the date.
 """
 
@@ -356,6 +357,7 @@ def main() -> None:
     parser.add_argument("--reference-python", default=sys.executable, help="Python for the reference")
     parser.add_argument("--out", type=Path, default=None, help="append the rows to this .jsonl file")
     args = parser.parse_args()
+    os.environ.setdefault("SB3WM_COMPILATION_CACHE", "off")  # compile times of compiles, not of cache loads
     if args.reference_src:
         if args.config != "update-1m":
             parser.error("--reference-src times the update-1m configuration")

@@ -14,7 +14,8 @@ the CPU affects every row alike. ``--impl`` names a package with the layout of `
 (e.g. an older commit's copy, renamed, on PYTHONPATH) to compare side by side. ``--pixel-methods
 CONV/SHIFT`` compiles the pixel programs with ``blocks.convolution.conv2d``'s method CONV and
 ``blocks.images.shift_images``'s method SHIFT instead of the backend's defaults (one row per value).
-Prints one JSON line per row.
+Compile times are of compiles: the package's persistent compilation cache is off
+(``SB3WM_COMPILATION_CACHE=off`` unless set). Prints one JSON line per row.
 
 ``--reference-src`` (the reference's ``tdmpc2/`` folder, nicklashansen/tdmpc2 @ b67b21c) and
 ``--reference-python`` (a Python with its dependencies) add the reference PyTorch code to the same
@@ -251,6 +252,7 @@ def main() -> None:
     parser.add_argument("--reference-python", default=sys.executable, help="Python for the reference")
     parser.add_argument("--out", type=Path, default=None, help="append the rows to this .jsonl file")
     args = parser.parse_args()
+    os.environ.setdefault("SB3WM_COMPILATION_CACHE", "off")  # compile times of compiles, not of cache loads
     for methods in args.pixel_methods or []:
         if methods.count("/") != 1:
             parser.error(f"--pixel-methods takes CONV/SHIFT (e.g. lax/slice), got {methods!r}")

@@ -32,6 +32,7 @@ import argparse
 import collections
 import gzip
 import json
+import os
 import re
 import shutil
 import sys
@@ -251,6 +252,7 @@ def main() -> None:
     parser.add_argument("--save", type=Path, help="write the per-op times and the HLO to this JSON file")
     parser.add_argument("--trace-dir", type=Path, default=Path("/tmp/sb3wm_profile"))
     args = parser.parse_args()
+    os.environ.setdefault("SB3WM_COMPILATION_CACHE", "off")  # compile times of compiles, not of cache loads
     if args.agent == "dreamerv3" and args.what != "update":
         parser.error("--agent dreamerv3 profiles the update only")
     start = time.perf_counter()

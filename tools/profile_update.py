@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import sys
 import time
@@ -283,6 +284,7 @@ def main() -> None:
         help="time init_state of the first --impl only (use a fresh process)",
     )
     args = parser.parse_args()
+    os.environ.setdefault("SB3WM_COMPILATION_CACHE", "off")  # compile times of compiles, not of cache loads
     impls = args.impl or ["sb3_worldmodels.dreamerv3.agent"]
     if args.init_only:
         print(json.dumps(time_init(impls[0], args)), flush=True)
