@@ -28,8 +28,9 @@ CPU slows both alike:
         --out benchmarks/results/official_speed.jsonl
 
 Compile times are of compiles: the package's persistent compilation cache is off
-(``SB3WM_COMPILATION_CACHE=off`` unless set). Prints one JSON line per run (``--out`` appends it to a .jsonl file too), with the CPU's model and
-vector extensions; copy the results into docs/performance.md with the date.
+(``SB3WM_COMPILATION_CACHE=off`` unless set). Prints one JSON line per run (``--out`` appends it to a
+.jsonl file too), with the CPU's model and vector extensions; copy the results into
+docs/performance.md with the date.
 """
 
 from __future__ import annotations
