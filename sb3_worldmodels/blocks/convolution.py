@@ -15,6 +15,11 @@ Two rearrangements (benchmarks/conv_speed.py measures both):
   correlated, batch and channel axes swapped) are written as forward convolutions with XLA's standard
   layouts. XLA:CPU computes its own form of the weight gradient inside a ``lax.scan`` body 20-100x
   slower than outside one (DreamerV3's training calls scan several updates).
+
+A third form, :func:`conv2d_patches`, computes a convolution as one matmul of the image's patches: a
+matrix unit then contracts k·k·I values at once instead of the I image channels of one tap.
+:func:`conv2d`'s ``method`` chooses the block convolution, the patches or ``jax.lax``;
+:data:`DEFAULT_CONV_METHOD` holds each backend's choice.
 """
 
 from __future__ import annotations
