@@ -11,6 +11,8 @@
     python benchmarks/dreamerv3_speed.py --config update-1m --compute-dtype bfloat16
                                                              # any of them in bfloat16 (default "auto":
                                                              # float32 on a CPU, bfloat16 elsewhere)
+    python benchmarks/dreamerv3_speed.py --config update-1m-pixels --conv-method blocks
+                                                             # conv2d's method (default: the backend's)
 
 The learning runs also report where the timed (post-compilation) seconds went: the env steps, the
 policy step with its transfers, the replay writes, the replay sampling, the updates (the jitted
@@ -52,6 +54,7 @@ import numpy as np
 
 from sb3_worldmodels import DreamerV3
 from sb3_worldmodels.blocks.backend import scan_unroll
+from sb3_worldmodels.blocks.convolution import CONV_METHODS, DEFAULT_CONV_METHOD
 from sb3_worldmodels.blocks.cpu import cpu_info
 from sb3_worldmodels.blocks.jit import cpu_options_name
 from sb3_worldmodels.blocks.precision import COMPUTE_DTYPES, resolve_compute_dtype
@@ -354,11 +357,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--rows", type=int, default=None, help="total rows (default: the config's)")
     parser.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES)
+    parser.add_argument(
+        "--conv-method",
+        choices=CONV_METHODS,
+        help="blocks.convolution.conv2d's method on this backend (default: the backend's)",
+    )
     parser.add_argument("--reference-src", help="danijar/dreamerv3 checkout (2411f7d + 29eb964)")
     parser.add_argument("--reference-python", default=sys.executable, help="Python for the reference")
     parser.add_argument("--out", type=Path, default=None, help="append the rows to this .jsonl file")
     args = parser.parse_args()
     os.environ.setdefault("SB3WM_COMPILATION_CACHE", "off")  # compile times of compiles, not of cache loads
+    if args.conv_method:  # before the first program is traced
+        DEFAULT_CONV_METHOD[jax.default_backend()] = args.conv_method
     if args.reference_src:
         if args.config != "update-1m":
             parser.error("--reference-src times the update-1m configuration")
@@ -378,6 +388,7 @@ def main() -> None:
             cpu_options=cpu_options_name(),
             jax=jax.__version__,
             scan_unroll=scan_unroll(),  # SB3WM_SCAN_UNROLL
+            conv_method=DEFAULT_CONV_METHOD.get(jax.default_backend(), "lax"),
             date=time.strftime("%Y-%m-%d"),
         )
         print(json.dumps(result), flush=True)
