@@ -32,11 +32,10 @@ which ``TDMPC2MultiTask``'s offline groups use alone.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
@@ -50,6 +49,13 @@ from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.agent_hooks import AgentHooks
 from sb3_worldmodels.common.boundary import AgentObservation, map_observation
 from sb3_worldmodels.common.callbacks import WorldModelCallback, record_extra_metrics, walk_callbacks
+from sb3_worldmodels.common.group_calls import (
+    GroupCall,
+    GroupRound,
+    GroupStaged,
+    padded_batches,
+    update_means,
+)
 from sb3_worldmodels.common.replay_state import group_replay_state, group_replays_from_state
 from sb3_worldmodels.common.seed_lanes import (
     SeedLanes,
@@ -60,7 +66,6 @@ from sb3_worldmodels.common.seed_lanes import (
 )
 from sb3_worldmodels.common.training import (
     aggregate_metric,
-    copy_to_host_async,
     training_call,
     training_chunks,
 )
@@ -155,6 +160,9 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
     _hand_outs: HandOuts | None  # a group's pieces handed to its lanes (None for a single seed)
     _rates_written: tuple[Any, bytes] | None  # Trainer's
     _unsettled: Any  # Trainer's: for a group, its call that settles at the next acting call
+    _staged: Any  # Trainer's: for a group, its call dispatched before the step's env step
+    _spans_processes: bool  # ProcessSpan's
+    _total_timesteps: int  # Trainer's
     _keep_training_call: Callable[..., None]  # Trainer's
     _with_learning_rates: Callable[..., Any]  # Trainer's
 
@@ -440,45 +448,98 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
             super().train(gradient_steps, batch_size)
             return
         self._settle_training()
+        staged, self._staged = getattr(self, "_staged", None), None
         owed = np.array([lane._take_owed_updates() for lane in self._lanes])
+        if staged is not None and self._takes_group_staged(staged, owed):
+            self._keep_training_call(staged.call, staged.state, True, staged.rates)
+            return
         if owed.max() <= 0:
             return
         if self._n_updates == 0:
             for cb in self._wm_callbacks:
                 cb.on_pretrain()
-        size = self._lanes[0]._updates_per_call
-        progress = self._current_progress_remaining
-        rates = np.asarray([float(lane.lr_schedule(progress)) for lane in self._lanes], np.float32)
+        rates = self._lane_rates(self._current_progress_remaining)
         kept = self.policy.state["agent"]  # what a refused call leaves
-        # (S,) rates: one per seed
-        agent_state = self._with_learning_rates(kept, rates, self._on_devices(rates))
-        train = training_call(self.core).over_seeds(self._call_config)
-        round_ = _GroupRound(owed, float(np.mean(rates)))
-        chunks = training_chunks(int(owed.max()), size)
+        round_ = GroupRound(owed, float(np.mean(rates)))
+        chunks = training_chunks(int(owed.max()), self._lanes[0]._updates_per_call)
         done = 0
         for i, k in enumerate(chunks):
-            counts = np.clip(owed - done, 0, k)
-            batches = [
-                lane._training_batch(int(c)) if c else None
-                for lane, c in zip(self._lanes, counts, strict=True)
-            ]
-            batch = stack_trees(_padded_batches([b.batch if b else None for b in batches], size))
-            # Host arrays: the call sends each field in one transfer (placed: to each device of the seeds)
-            batch, count = self._on_devices((batch, counts.astype(np.int32)))
-            new_state, metrics, *outputs = train(agent_state, batch, count)
-            call = _GroupCall(round_, kept, metrics, tuple(outputs), batches, counts, done, k)
+            call, new_state = self._group_call(kept, rates, round_, done, k)
             self._keep_training_call(call, new_state, i == len(chunks) - 1, rates.tobytes())
-            agent_state = kept = new_state
+            kept = new_state
             done += k
 
+    def _lane_rates(self, progress: float) -> np.ndarray:
+        """(S,) float32: each seed's learning rate at ``progress`` (remaining)."""
+        assert self._lanes is not None
+        return np.asarray([float(lane.lr_schedule(progress)) for lane in self._lanes], np.float32)
+
+    def _group_call(self, kept: Any, rates: np.ndarray, round_: GroupRound, done: int, k: int) -> tuple:
+        """Dispatch one training call of up to ``k`` updates per seed (seed i: its owed ones left) from
+        ``kept`` with ``rates``, its batches drawn from each seed's replay: (the call, its new state)."""
+        assert self._lanes is not None
+        counts = np.clip(round_.owed - done, 0, k)
+        agent_state = self._with_learning_rates(kept, rates, self._on_devices(rates))
+        batches = [
+            lane._training_batch(int(c)) if c else None for lane, c in zip(self._lanes, counts, strict=True)
+        ]
+        batch = stack_trees(
+            padded_batches([b.batch if b else None for b in batches], self._lanes[0]._updates_per_call)
+        )
+        # Host arrays: the call sends each field in one transfer (placed: to each device of the seeds)
+        batch, count = self._on_devices((batch, counts.astype(np.int32)))
+        train = training_call(self.core).over_seeds(self._call_config)
+        new_state, metrics, *outputs = train(agent_state, batch, count)
+        return GroupCall(round_, kept, metrics, tuple(outputs), batches, counts, done, k), new_state
+
+    def _train_before_step(self) -> None:
+        """One model's: ``Trainer._train_before_step``. A group's: the seeds' training call of the coming
+        step, dispatched before its env step where the seeds' schedules allow it (TD-MPC2 after its seed
+        phase), kept apart until ``train`` takes it: the same updates, step, rates and state (each seed's
+        replay then draws as if it had sampled now), else it is dropped."""
+        if self._lanes is None:
+            super()._train_before_step()
+            return
+        if not getattr(self, "_learning", False) or self._spans_processes:
+            return
+        owed = np.array([lane._updates_before_step() for lane in self._lanes])
+        if owed.max() <= 0:
+            return
+        timesteps = min(lane.num_timesteps + lane.n_envs for lane in self._lanes)
+        rates = self._lane_rates(1.0 - float(timesteps) / float(self._total_timesteps))
+        rngs = [lane.replay_buffer.rng for lane in self._lanes]
+        drawn_from = [rng.bit_generator.state for rng in rngs]
+        call, new_state = self._group_call(
+            self.policy.state["agent"], rates, GroupRound(owed, float(np.mean(rates))), 0, int(owed.max())
+        )
+        sampled = [rng.bit_generator.state for rng in rngs]
+        for rng, state in zip(rngs, drawn_from, strict=True):
+            rng.bit_generator.state = state
+        call.copy_to_host_async()
+        self._staged = GroupStaged(call, new_state, timesteps, rates.tobytes(), sampled)
+
+    def _takes_group_staged(self, staged: GroupStaged, owed: np.ndarray) -> bool:
+        """Whether ``train`` takes the staged group call (see :meth:`_train_before_step`)."""
+        assert self._lanes is not None
+        if (
+            not np.array_equal(owed, staged.call.round.owed)
+            or self.num_timesteps != staged.timesteps
+            or self._lane_rates(self._current_progress_remaining).tobytes() != staged.rates
+            or self.policy.state["agent"] is not staged.call.before
+        ):
+            return False
+        for lane, state in zip(self._lanes, staged.sampled, strict=True):
+            lane.replay_buffer.rng.bit_generator.state = state
+        return True
+
     def _settle(self, unsettled: Any) -> None:
-        """:meth:`Trainer._settle` of one model's call, or of a group's (:class:`_GroupCall`)."""
-        if isinstance(unsettled, _GroupCall):
+        """:meth:`Trainer._settle` of one model's call, or of a group's (:class:`GroupCall`)."""
+        if isinstance(unsettled, GroupCall):
             self._settle_group_call(unsettled)
         else:
             super()._settle(unsettled)  # type: ignore[misc]
 
-    def _settle_group_call(self, call: _GroupCall) -> None:
+    def _settle_group_call(self, call: GroupCall) -> None:
         """Fetch a group's training call, refuse a seed's non-finite update (the state from before the
         call kept), hand each seed's outputs to its lane, and log the ``train`` once its last call is
         settled."""
@@ -543,7 +604,7 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
                     seed_metrics[row][key] = float(mean)
         record_seed_metrics(self.logger, self.seeds, seed_metrics)
         if self._wm_callbacks:
-            for update in _update_means(metrics, owed):
+            for update in update_means(metrics, owed):
                 for cb in self._wm_callbacks:
                     record_extra_metrics(self.logger, cb.on_post_update(update))
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
@@ -568,63 +629,6 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
             if returns:
                 self.logger.record("rollout/ep_rew_iqm", interquartile_mean(returns))
         super().dump_logs()
-
-
-@dataclasses.dataclass
-class _GroupRound:
-    """The calls of one group ``train``: each seed's owed updates, the mean learning rate, each settled
-    call's metrics {key: (S, k)}."""
-
-    owed: np.ndarray
-    lr: float
-    metrics: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
-
-
-class _GroupCall(NamedTuple):
-    """A group's training call dispatched and not yet checked."""
-
-    round: _GroupRound
-    before: Any  # the agent state before the call: kept when one of its updates is refused
-    metrics: Any  # PackedMetrics with a leading seed axis, on the device
-    outputs: tuple[Any, ...]
-    batches: list[Any]  # each seed's training batch (None: no update owed), committed once checked
-    counts: np.ndarray  # (S,) the updates each seed ran
-    done: int  # the updates of the same ``train`` before it
-    k: int
-
-    def copy_to_host_async(self) -> None:
-        copy_to_host_async((self.metrics, self.outputs))
-
-
-def _update_means(metrics: dict[str, np.ndarray], owed: np.ndarray) -> list[dict[str, float]]:
-    """Per update index u, each ``train/<key>`` averaged over the seeds that ran update u
-    (``metrics``: {key: (S, U)}, seed i's updates the first ``owed[i]`` of its row)."""
-    rows = []
-    for u in range(int(owed.max(initial=0))):
-        seeds = owed > u
-        ran = {key: values[seeds, u].astype(np.float64) for key, values in metrics.items()}
-        rows.append({f"train/{key}": float(np.mean(values)) for key, values in ran.items()})
-    return rows
-
-
-def _padded_batches(batches: list[Any], k: int) -> list[Any]:
-    """Every seed's (numpy) batch with k updates: a seed that owes fewer gets zero batches for the
-    rest (its updates there are not run), one that owes none zeros throughout."""
-    template = next(b for b in batches if b is not None)
-
-    def pad(leaf: Any, like: Any) -> Any:
-        rows = 0 if leaf is None else leaf.shape[0]
-        if rows == k:
-            return leaf
-        zeros = np.zeros((k - rows, *like.shape[1:]), like.dtype)
-        return zeros if leaf is None else np.concatenate([leaf, zeros])
-
-    return [
-        jax.tree_util.tree_map(lambda like: pad(None, like), template)
-        if b is None
-        else jax.tree_util.tree_map(pad, b, template)
-        for b in batches
-    ]
 
 
 class SeedReplays:

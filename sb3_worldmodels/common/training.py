@@ -202,9 +202,10 @@ class Trainer(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
     """(the agent state the last training call returned, the learning rates it holds as bytes)."""
     _unsettled: Any
     """The training call that settles at the next acting call (an ``_Unsettled``; a seed group's
-    ``_GroupCall``, which the group settles), None when every call is settled."""
-    _staged: _Staged | None
-    """The training call dispatched before the current step's env step (None: none)."""
+    ``GroupCall``, which the group settles), None when every call is settled."""
+    _staged: Any
+    """The training call dispatched before the current step's env step (a ``_Staged``, a seed group's
+    ``GroupStaged``; None: none)."""
     _learning: bool
     """Whether ``learn`` is running."""
     _total_timesteps: int
