@@ -107,9 +107,10 @@ class Collector(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
             buffer_actions = self._collect_act(self._flat_last_obs(), learning_starts)
             refuse_non_finite_actions(buffer_actions, f" at step {self.num_timesteps}")
             actions = self.action_adapter.to_env(buffer_actions)
-            self._train_before_step()  # the step's update, where the agent allows, while the env steps
+            env.step_async(actions)  # envs in processes step from here on
+            self._train_before_step()  # the step's update, where the agent allows, while the envs step
             try:
-                new_obs, rewards, dones, infos = env.step(actions)
+                new_obs, rewards, dones, infos = env.step_wait()
             except ValueError as error:  # e.g. DummyVecEnv storing an observation of another shape
                 raise ValueError(
                     f"env.step failed at step {self.num_timesteps} (num_timesteps): {error}. An observation "
