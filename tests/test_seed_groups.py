@@ -27,6 +27,7 @@ from sb3_worldmodels.common.training import NonFiniteUpdateError
 from sb3_worldmodels.dreamerv3.config import SMOKE_SETTINGS as DREAMER_SMOKE
 from sb3_worldmodels.tdmpc2.config import SMOKE_SETTINGS as TDMPC2_SMOKE
 from tests.probe_envs import ChainEnv
+from tests.test_tdmpc2_loop import StopAt
 
 SEEDS = [3, 7]
 
@@ -497,17 +498,6 @@ def test_eval_callback_on_a_group_is_refused_before_anything_changes():
     assert group.num_timesteps == 0 and group.replay_buffer is None and group._last_obs is None
 
 
-class _StopAt(BaseCallback):
-    """Stops ``learn`` at the callback call of the vector step that reaches ``at`` agent steps."""
-
-    def __init__(self, at: int) -> None:
-        super().__init__()
-        self.at = at
-
-    def _on_step(self) -> bool:
-        return self.model.num_timesteps < self.at
-
-
 def test_a_groups_step_update_runs_while_its_env_steps_and_a_stop_drops_it():
     """After the seed phase each step's group update is dispatched before the step's env step and taken
     by ``train`` (the seeds' same updates); a callback that stops ``learn`` at such a step leaves the
@@ -516,7 +506,7 @@ def test_a_groups_step_update_runs_while_its_env_steps_and_a_stop_drops_it():
     stopped, ended = tdmpc2_group(), tdmpc2_group()
     takes = stopped._takes_group_staged
     stopped._takes_group_staged = lambda staged, owed: taken.append(takes(staged, owed)) or taken[-1]
-    stopped.learn(40, callback=_StopAt(30))  # steps 0..29; step 29's update is dropped
+    stopped.learn(40, callback=StopAt(30))  # steps 0..29; step 29's update is dropped
     ended.learn(29)
     assert taken and all(taken) and len(taken) == 29 - 1 - TDMPC2_CHAIN["seed_steps"]
     assert stopped.num_timesteps == 30 and ended.num_timesteps == 29
