@@ -79,7 +79,7 @@ the 9 channels of three stacked RGB frames)."""
 
 def time_shifts(images: int, repeats: int) -> dict:
     """Milliseconds of the three ways of the shift augmentation on ``images`` 64 x 64 x 9 uint8 images
-    (checked equal first)."""
+    (the same crops: tests/test_tdmpc2_pixels.py)."""
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.integers(0, 256, size=(images, 64, 64, 9)), jnp.uint8)
     offsets = random_shifts(jax.random.PRNGKey(0), (images,))

@@ -66,6 +66,7 @@ from sb3_worldmodels.common.seed_lanes import (
 )
 from sb3_worldmodels.common.training import (
     aggregate_metric,
+    draws_undone,
     training_call,
     training_chunks,
 )
@@ -507,14 +508,11 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
             return
         timesteps = min(lane.num_timesteps + lane.n_envs for lane in self._lanes)
         rates = self._lane_rates(1.0 - float(timesteps) / float(self._total_timesteps))
-        rngs = [lane.replay_buffer.rng for lane in self._lanes]
-        drawn_from = [rng.bit_generator.state for rng in rngs]
-        call, new_state = self._group_call(
-            self.policy.state["agent"], rates, GroupRound(owed, float(np.mean(rates))), 0, int(owed.max())
+        round_ = GroupRound(owed, float(np.mean(rates)))
+        (call, new_state), sampled = draws_undone(
+            [lane.replay_buffer.rng for lane in self._lanes],
+            lambda: self._group_call(self.policy.state["agent"], rates, round_, 0, int(owed.max())),
         )
-        sampled = [rng.bit_generator.state for rng in rngs]
-        for rng, state in zip(rngs, drawn_from, strict=True):
-            rng.bit_generator.state = state
         call.copy_to_host_async()
         self._staged = GroupStaged(call, new_state, timesteps, rates.tobytes(), sampled)
 

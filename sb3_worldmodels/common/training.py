@@ -17,8 +17,8 @@ step). The last ``train`` of a ``learn`` settles at once.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import numpy as np
@@ -167,6 +167,20 @@ class _Staged(NamedTuple):
     sampled: Any  # the replay's random state after the call's batches were drawn
 
 
+T = TypeVar("T")
+
+
+def draws_undone(rngs: Sequence[np.random.Generator], draw: Callable[[], T]) -> tuple[T, list[Any]]:
+    """``draw()`` with the generators put back as they were before it: (its result, their states after
+    it, which a later taker of the result restores so that the generators go on as if it had drawn)."""
+    before = [rng.bit_generator.state for rng in rngs]
+    result = draw()
+    after = [rng.bit_generator.state for rng in rngs]
+    for rng, state in zip(rngs, before, strict=True):
+        rng.bit_generator.state = state
+    return result, after
+
+
 def copy_to_host_async(tree: Any) -> None:
     """Start the device-to-host transfer of every array of ``tree`` this process holds whole."""
     for leaf in jax.tree_util.tree_leaves(tree):
@@ -270,7 +284,7 @@ class Trainer(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
         steps and the host records the step. Nothing sees it until ``train`` takes it, after the
         step (:meth:`_takes_staged`): callbacks see the state from before it, the replay's random
         state is as before its batches were drawn, and a run that stops at this step drops it."""
-        if not getattr(self, "_learning", False) or getattr(self, "_lanes", None) is not None:
+        if not getattr(self, "_learning", False):
             return
         if self._spans_processes:  # the processes agree on the updates after the step
             return
@@ -280,10 +294,10 @@ class Trainer(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
         timesteps = self.num_timesteps + self.n_envs
         lr = float(self.lr_schedule(1.0 - float(timesteps) / float(self._total_timesteps)))
         kept = self.policy.state["agent"]
-        rng = self.replay_buffer.rng
-        drawn_from = rng.bit_generator.state
-        new_state, results = self._train_chunk(self._with_learning_rates(kept, np.float32(lr)), count)
-        sampled, rng.bit_generator.state = rng.bit_generator.state, drawn_from
+        agent_state = self._with_learning_rates(kept, np.float32(lr))
+        (new_state, results), (sampled,) = draws_undone(
+            [self.replay_buffer.rng], lambda: self._train_chunk(agent_state, count)
+        )
         results.copy_to_host_async()
         unsettled = _Unsettled(_Round(count, lr), kept, results, 0)
         self._staged = _Staged(unsettled, new_state, timesteps, sampled)
