@@ -85,6 +85,9 @@ class AgentHooks(ABC):
     training_batch_axis: int
     """The batch axis of the arrays of :meth:`_training_batch` (after the leading k), along which
     ``data_parallel=True`` splits them over the devices."""
+    device_replay_fields: tuple[str, ...] = ()
+    """Replay fields the training calls may read from device memory (``replay_on_device``), given by
+    :meth:`_training_batch` as row indices when :meth:`_device_fields` names them."""
     stateless_predict_consequence = "forgets its state between such calls"
     """What the stateless-``predict`` warning says the agent loses."""
     nan_allowed_metrics: tuple[str, ...] = ()

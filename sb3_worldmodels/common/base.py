@@ -38,6 +38,7 @@ from sb3_worldmodels.common.boundary import (
 from sb3_worldmodels.common.callbacks import WorldModelCallback, walk_callbacks
 from sb3_worldmodels.common.checkpoints import FORMAT_VERSION, Checkpointing
 from sb3_worldmodels.common.collector import Collector
+from sb3_worldmodels.common.device_replay import check_replay_on_device
 from sb3_worldmodels.common.net_arch import net_arch_settings
 from sb3_worldmodels.common.policy import JaxPolicy
 from sb3_worldmodels.common.policy_file import PolicyFiles
@@ -114,6 +115,7 @@ class WorldModelAlgorithm(
         device: str = "auto",
         allow_vecnormalize_obs: bool = False,
         data_parallel: bool = False,
+        replay_on_device: bool | None = None,
         action_noise: Any = None,
         replay_buffer_class: Any = None,
         replay_buffer_kwargs: dict | None = None,
@@ -152,6 +154,16 @@ class WorldModelAlgorithm(
                 "already shards its seeds over them. Pass one seed, or leave data_parallel False."
             )
         self.data_parallel = data_parallel
+        self.replay_on_device = check_replay_on_device(replay_on_device)
+        if replay_on_device and (data_parallel or not self.device_replay_fields):
+            why = (
+                "splits its training batches over the devices (data_parallel=True)"
+                if data_parallel
+                else "keeps its replay on the host"
+            )
+            raise ValueError(
+                f"replay_on_device=True: {self.agent_name} {why}; leave replay_on_device None or False."
+            )
         self._lanes = None
         n_envs = n_envs or self.default_n_envs
         if self.seeds is not None and isinstance(env, str):
@@ -291,6 +303,8 @@ class WorldModelAlgorithm(
             "_resumed",
             "_flat_obs",
             "_lanes",
+            "_replay_mirror",
+            "_decided_device_fields",
             "_call_config",
             "_predict_view",
             "_hand_outs",

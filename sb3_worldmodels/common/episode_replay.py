@@ -71,6 +71,9 @@ class EpisodeReplay(ReplayBuffer):
         self.capacity_steps = 0
         self._data: dict[str, np.ndarray] | None = None
         self._slots = 0
+        self.layout_version = 0
+        """Changes whenever the ring's slots are rebuilt or refilled whole (a copy of the ring must be
+        made anew); entries are otherwise only appended, at absolute index :attr:`end`."""
         self._end = 0  # absolute index one past the last stored entry
         self._episodes: deque[tuple[int, int]] = deque()  # (absolute first entry, steps L), oldest first
         self._table: np.ndarray | None = None  # _episode_table's array of them, until they change
@@ -105,6 +108,20 @@ class EpisodeReplay(ReplayBuffer):
     def size(self) -> int:
         return self._stored_steps
 
+    @property
+    def end(self) -> int:
+        """Absolute index one past the last stored entry (entry i lives in slot i % :attr:`slots`)."""
+        return self._end
+
+    @property
+    def slots(self) -> int:
+        """Slots of the entry ring (0 until the first episode is stored)."""
+        return self._slots
+
+    def ring(self, name: str) -> np.ndarray | None:
+        """The field's ring of entries (slots, ...), None before the first stored episode."""
+        return None if self._data is None else self._data[name]
+
     def _episode_table(self) -> np.ndarray:
         """(n, 2) int64: each stored episode's absolute first entry and its steps, oldest first (built
         once after the stored episodes change, not at every sample: O(episodes) each)."""
@@ -122,6 +139,12 @@ class EpisodeReplay(ReplayBuffer):
         """Bytes the entry ring holds once ``capacity_steps`` steps are stored (it is allocated whole)."""
         steps = max(self.capacity_steps, int(capacity_steps))
         return (steps + math.ceil(steps / self.min_steps) + 1) * row_bytes(self.fields)
+
+    def field_bytes(self, name: str, entries: int | None = None) -> int:
+        """Bytes of ``entries`` entries of one field (None: the ring at the current capacity)."""
+        shape, dtype = self.fields[name]
+        n = self._capacity_entries if entries is None else int(entries)
+        return n * math.prod(shape) * np.dtype(dtype).itemsize
 
     def reserve(self, capacity_steps: int) -> None:
         """Raise the capacity to ``capacity_steps`` agent steps (never lowers it); the ring grows
@@ -151,6 +174,7 @@ class EpisodeReplay(ReplayBuffer):
                 arr[(np.arange(first, self._end)) % slots] = self._data[name][idx]
             data[name] = arr
         self._data, self._slots = data, slots
+        self.layout_version = getattr(self, "layout_version", 0) + 1
 
     # ------------------------------------------------------------------ adding
     def add_entries(self, envs: np.ndarray, entries: Mapping[str, np.ndarray]) -> None:
@@ -256,6 +280,7 @@ class EpisodeReplay(ReplayBuffer):
             raise ValueError(f"{len(running)} running episodes for {self.n_envs} envs")
         self._data = read_fields(arrays, self.fields, (slots,)) if slots else None
         self._slots, self._end = slots, end
+        self.layout_version = getattr(self, "layout_version", 0) + 1
         self._episodes = deque(map(tuple, episodes.astype(np.int64).tolist()))
         self._table = None
         self._stored_steps = stored
@@ -272,9 +297,13 @@ class EpisodeReplay(ReplayBuffer):
         return [{name: stacked[name][k] for name in self.fields} for k in range(n)]
 
     # ------------------------------------------------------------------ sampling
-    def sample(self, batch_size: int, count: int | None = None, env: Any = None) -> dict[str, np.ndarray]:  # type: ignore[override]
+    def sample(  # type: ignore[override]
+        self, batch_size: int, count: int | None = None, env: Any = None, rows_of: tuple[str, ...] = ()
+    ) -> dict[str, np.ndarray]:
         """``count`` batches (or one, if None) of ``batch_size`` windows, time-major:
-        each field (count, window, B, ...) (or (window, B, ...))."""
+        each field (count, window, B, ...) (or (window, B, ...)); the fields named in ``rows_of`` as
+        their slots in the ring instead, int32 (count, window, B) (a copy of the ring elsewhere,
+        e.g. in device memory, gives their values)."""
         if not self._episodes:
             raise ValueError("The replay holds no finished episode with a full window yet.")
         k = 1 if count is None else int(count)
@@ -282,5 +311,6 @@ class EpisodeReplay(ReplayBuffer):
         counts = self._start_counts(table)
         _, rows = sample_windows(self.rng, table[:, 0], counts, self.window, (k, batch_size))
         idx = rows % self._slots  # (k, W, B)
-        out = {name: arr[idx] for name, arr in self._data.items()}  # type: ignore[union-attr]
+        data: dict[str, np.ndarray] = self._data  # type: ignore[assignment]
+        out = {name: idx.astype(np.int32) if name in rows_of else arr[idx] for name, arr in data.items()}
         return out if count is not None else {name: v[0] for name, v in out.items()}

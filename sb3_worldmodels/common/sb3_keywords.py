@@ -42,6 +42,7 @@ ACCEPTED_KEYWORDS = frozenset(
     {
         "allow_vecnormalize_obs",
         "data_parallel",
+        "replay_on_device",
         "action_noise",
         "replay_buffer_class",
         "replay_buffer_kwargs",

@@ -49,6 +49,7 @@ from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.agent_hooks import AgentHooks
 from sb3_worldmodels.common.boundary import AgentObservation, map_observation
 from sb3_worldmodels.common.callbacks import WorldModelCallback, record_extra_metrics, walk_callbacks
+from sb3_worldmodels.common.device_replay import ReplayMirror, fields_on_device
 from sb3_worldmodels.common.group_calls import (
     GroupCall,
     GroupRound,
@@ -481,17 +482,43 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
         assert self._lanes is not None
         counts = np.clip(round_.owed - done, 0, k)
         agent_state = self._with_learning_rates(kept, rates, self._on_devices(rates))
+        self._group_device_fields()
         batches = [
             lane._training_batch(int(c)) if c else None for lane, c in zip(self._lanes, counts, strict=True)
         ]
+        stores = self._group_device_stores()  # after the draws: every entry they can name is stored
         batch = stack_trees(
             padded_batches([b.batch if b else None for b in batches], self._lanes[0]._updates_per_call)
         )
         # Host arrays: the call sends each field in one transfer (placed: to each device of the seeds)
         batch, count = self._on_devices((batch, counts.astype(np.int32)))
         train = training_call(self.core).over_seeds(self._call_config)
-        new_state, metrics, *outputs = train(agent_state, batch, count)
+        new_state, metrics, *outputs = train(agent_state, batch, count, stores)
         return GroupCall(round_, kept, metrics, tuple(outputs), batches, counts, done, k), new_state
+
+    def _group_device_fields(self) -> tuple[str, ...]:
+        """One model's ``_device_fields``, decided for every seed's replay at once (and told to each)."""
+        assert self._lanes is not None
+        decided = getattr(self, "_decided_device_fields", None)
+        if decided is None:
+            replay, n = self._lanes[0].replay_buffer, len(self._lanes)
+            setting = getattr(self, "replay_on_device", None)  # files of earlier releases lack it
+            decided = fields_on_device(setting, replay, self.device_replay_fields, n, self.agent_name)
+            self._decided_device_fields = decided
+        for lane in self._lanes:
+            lane._decided_device_fields = decided
+        return decided
+
+    def _group_device_stores(self) -> dict[str, Any] | None:
+        """The device copies of the seeds' replay fields, with a leading seed axis (None: none)."""
+        assert self._lanes is not None
+        names = self._group_device_fields()
+        if not names:
+            return None
+        mirror = getattr(self, "_replay_mirror", None)
+        if mirror is None or mirror.names != names:
+            mirror = self._replay_mirror = ReplayMirror(names, self._on_devices, seed_axis=True)
+        return mirror.stores([lane.replay_buffer for lane in self._lanes])
 
     def _train_before_step(self) -> None:
         """One model's: ``Trainer._train_before_step``. A group's: the seeds' training call of the coming

@@ -27,8 +27,10 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from sb3_worldmodels.blocks.devices import BatchPlacement
 from sb3_worldmodels.blocks.jit import AgentFunction, agent_jit
 from sb3_worldmodels.blocks.seeds import counted_updates
+from sb3_worldmodels.blocks.stored_rows import with_stored_rows
 from sb3_worldmodels.common.agent_hooks import AgentHooks
 from sb3_worldmodels.common.callbacks import WorldModelCallback, record_extra_metrics
+from sb3_worldmodels.common.device_replay import ReplayMirror, fields_on_device
 from sb3_worldmodels.common.policy import JaxPolicy
 from sb3_worldmodels.common.processes import ProcessSpan
 
@@ -71,12 +73,16 @@ def training_call(core: Any) -> AgentFunction:
     """The training call of an agent's ``core`` module: ``fn(config, state, batches, count) ->
     (state, PackedMetrics, *extra)`` with K batches (the agent's ``_updates_per_call``) that runs the
     first ``count`` of them (None: all), :func:`~sb3_worldmodels.blocks.seeds.counted_updates` of the
-    core's ``train_step``, its metrics packed (:class:`PackedMetrics`). Every call of a run has the
-    same K, so a run compiles one training program whatever its schedule owes."""
+    core's ``train_step`` (the fields named in ``stores``, ``{name: StoredRows}``, given as row indices
+    into device memory: ``replay_on_device``), its metrics packed (:class:`PackedMetrics`). Every call
+    of a run has the same K, so a run compiles one training program whatever its schedule owes."""
     if core not in _TRAINING_CALLS:
         counted = counted_updates(core.train_step)
 
-        def packed(config: Any, state: Any, batches: Any, count: Any = None) -> tuple[Any, ...]:
+        def packed(
+            config: Any, state: Any, batches: Any, count: Any = None, stores: Any = None
+        ) -> tuple[Any, ...]:
+            batches = with_stored_rows(batches, stores)  # fields drawn as indices into device memory
             state, metrics, *extra = counted(config, state, batches, count)  # inlined in this program
             return (state, PackedMetrics.pack(metrics), *extra)
 
@@ -382,17 +388,42 @@ class Trainer(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
         padded to the call's size: (the new state, the call's results on the device)."""
         size = self._updates_per_call
         training = self._training_batch(k)
+        stores = self._device_stores()  # after the draw: every entry it can name is stored
         batch = pad_updates(training.batch, size)
         placement = self._batch_placement
         if placement is not None:  # data_parallel=True: each device holds a part of every batch
             batch = placement.put_batch(batch, self.training_batch_axis)
         count = None if size == 1 else np.int32(k)  # one update per call: the core's own train_many
         train = training_call(self.core)
-        new_state, metrics, *outputs = train.call_from_host(self._config, agent_state, batch, count)
+        new_state, metrics, *outputs = train.call_from_host(self._config, agent_state, batch, count, stores)
         spans = placement is not None and placement.process_count > 1
         return new_state, CallResults(
             metrics, tuple(outputs), k, training.commit, placement if spans else None
         )
+
+    def _device_fields(self) -> tuple[str, ...]:
+        """The replay fields the training calls read from device memory (``replay_on_device``; a seed
+        group decides for its seeds), decided at the first training call."""
+        decided = getattr(self, "_decided_device_fields", None)
+        if decided is None:
+            setting = getattr(self, "replay_on_device", None)  # files of earlier releases lack it
+            if self._batch_placement is not None:
+                decided = ()
+            else:
+                fields = self.device_replay_fields
+                decided = fields_on_device(setting, self.replay_buffer, fields, 1, self.agent_name)
+            self._decided_device_fields = decided
+        return decided
+
+    def _device_stores(self) -> dict[str, Any] | None:
+        """The device copies of :meth:`_device_fields` (None: none), brought up to date."""
+        names = self._device_fields()
+        if not names:
+            return None
+        mirror = getattr(self, "_replay_mirror", None)
+        if mirror is None or mirror.names != names:
+            mirror = self._replay_mirror = ReplayMirror(names, jax.device_put, seed_axis=False)
+        return mirror.stores([self.replay_buffer])
 
     def _refuse_non_finite_update(self, metrics: dict[str, np.ndarray], done: int) -> None:
         """Raise NonFiniteUpdateError when any update of a chunk has a non-finite metric (every loss

@@ -106,6 +106,7 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
     seed_settings = staticmethod(seed_settings)
     extra_hyperparameters = ("seed_steps", "episode_length")
     replay_class = EpisodeReplay
+    device_replay_fields = ("obs",)
     window_setting = "horizon"
     training_batch_axis = 2  # batches (k, H + 1, B, ...)
     stateless_predict_consequence = "loses its plan (the warm start of the next one)"
@@ -478,7 +479,8 @@ class TDMPC2(EarlierCheckpoints, WorldModelAlgorithm):
         return self.n_envs
 
     def _training_batch(self, k: int) -> TrainingBatch:
-        batch = self.replay_buffer.sample(self._local_batch_size, count=k)  # (k, H+1, B, ...)
+        # (k, H+1, B, ...); with replay_on_device the observations' slots (k, H+1, B)
+        batch = self.replay_buffer.sample(self._local_batch_size, count=k, rows_of=self._device_fields())
         batch = {
             "obs": batch["obs"],
             "action": batch["action"][:, 1:],
