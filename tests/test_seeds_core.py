@@ -441,3 +441,22 @@ def test_settings_refuse_what_cannot_differ_per_seed(case: Case):
     assert seeded.n_seeds == 2 and getattr(seeded.seed_config(1), scale) == 2.0
     with pytest.raises(TypeError, match="over_seeds"):  # a single-seed call cannot take per-seed values
         case.core.train_many_jit.for_config(seeded)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU's form of a pixel group")
+def test_on_a_cpu_a_pixel_group_convolves_each_seed_apart():
+    """Vmapped over the seeds' weights, a convolution becomes one grouped convolution, which the CPU
+    runs far slower than the seeds' convolutions one by one (``blocks.jit.seeds_in_sequence``): on a
+    CPU the pixel update over seeds holds no grouped convolution, in its forward pass or its
+    gradients."""
+    case = CASES["tdmpc2-pixels"]()
+    train = S.counted_updates(case.core.train_step)
+    counts = np.ones(len(SEEDS), np.int32)
+    args = (S.stack_trees(case.states), S.stack_trees(case.batches), counts)
+    text = train.over_seeds(case.config).lower(*args).as_text()
+    convolutions = [line for line in text.splitlines() if "stablehlo.convolution" in line]
+    assert len(convolutions) >= 4  # the encoder's layers and their gradients
+    groups = [
+        int(n) for line in convolutions for n in re.findall(r"(?:feature|batch)_group_count = (\d+)", line)
+    ]
+    assert groups and set(groups) == {1}
