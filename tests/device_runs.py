@@ -5,7 +5,8 @@ device count is fixed when JAX starts).
 
 writes the model's state leaves after the run (``leaf_<i>``, in tree order; a scenario may add arrays
 of its own, ``replay_<field>``) and prints one JSON line of facts about where they lived. Scenarios:
-``tdmpc2_group`` (4 seeds), ``dreamerv3_group`` (2 seeds), ``data_parallel`` (one TD-MPC2 model with
+``tdmpc2_group`` (4 seeds), ``tdmpc2_pixel_group`` (4 seeds from images, their replays' images in
+device memory), ``dreamerv3_group`` (2 seeds), ``data_parallel`` (one TD-MPC2 model with
 ``data_parallel=True``), ``dreamerv3_data_parallel`` (one DreamerV3 model with ``data_parallel=True``),
 ``multitask_group`` (a ``TDMPC2MultiTask`` of 4 seeds trained on a small pool written next to
 ``OUT.npz``).
@@ -55,6 +56,21 @@ def main(scenario: str, n_devices: int, out: str) -> None:
             plan = model._stacked_arguments([(piece,) for piece in pieces])[0]
             facts["plan_on_seed_device"] = model._hand_outs.stacked(pieces) is plan and (
                 placement is None or plan.sharding.is_equivalent_to(placement.sharding, plan.ndim)
+            )
+        elif scenario == "tdmpc2_pixel_group":
+            from stable_baselines3.common.vec_env import DummyVecEnv
+
+            from tests.test_tdmpc2_pixels_sb3 import TINY, dot_env
+
+            env = DummyVecEnv([dot_env] * 4)
+            model = TDMPC2(
+                "CnnPolicy", env, replay_on_device=True, **{**TINY, "seed": [0, 1, 2, 3], "seed_steps": 20}
+            )
+            model.learn(24)  # an episode stored, its 20 pretraining updates, 3 more
+            facts["replay_copy"] = _describe(
+                model._replay_mirror.stores([lane.replay_buffer for lane in model._lanes])[
+                    "obs"
+                ].store.sharding
             )
         elif scenario == "dreamerv3_group":
             model = DreamerV3("CartPole-v1", n_envs=2, seed=[3, 7], **DREAMER_SMOKE)

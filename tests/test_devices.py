@@ -65,6 +65,15 @@ def test_a_tdmpc2_group_sharded_over_4_devices_equals_it_on_one(tmp_path):
     assert_leaves_close(sharded_leaves, single_leaves)
 
 
+def test_a_pixel_group_with_its_replays_in_device_memory_sharded_over_4_devices_equals_it_on_one(tmp_path):
+    """The copy of the seeds' replay images lies along the seeds too, each seed's on its device."""
+    sharded, sharded_leaves, single, single_leaves = run_on_4_and_1_devices("tdmpc2_pixel_group", tmp_path)
+    assert sharded["replay_copy"] == "P('seeds',) over 4"
+    assert single["replay_copy"] == "single over 1"
+    assert sharded["n_updates"] == single["n_updates"] > 0
+    assert_leaves_close(sharded_leaves, single_leaves)
+
+
 def test_a_dreamerv3_group_of_2_seeds_on_a_host_of_4_devices_equals_it_on_one(tmp_path):
     """2 seeds on 4 devices run on 2 (the largest count that divides the seeds), with a warning."""
     sharded, sharded_leaves, single, single_leaves = run_on_4_and_1_devices("dreamerv3_group", tmp_path)

@@ -102,7 +102,10 @@ class ReplayMirror:
             empty = np.zeros((slots, math.prod(shape)), dtype)
             rings = [r.ring(name) for r in replays]
             flat = [empty if ring is None else ring.reshape(slots, -1) for ring in rings]
-            self._stores[name] = self._put(np.stack(flat) if self._seed_axis else flat[0])
+            store = self._put(np.stack(flat) if self._seed_axis else flat[0])
+            # A group's put on one device leaves host arrays as they are: the copy must be on the device,
+            # or every call would send it whole.
+            self._stores[name] = jax.device_put(store) if isinstance(store, np.ndarray) else store
         self._ends = [r.end for r in replays]
 
     def _append(self, replays: Sequence[EpisodeReplay]) -> None:
