@@ -64,6 +64,21 @@ def fields_on_device(
     return chosen
 
 
+def updated_copies(
+    owner: Any, names: tuple[str, ...], put: Callable[[np.ndarray], Any], replays: Sequence[EpisodeReplay]
+) -> dict[str, StoredRows] | None:
+    """The device copies of the fields ``names`` of ``replays`` kept by ``owner`` (a model, as its
+    ``_replay_mirror``; a seed group's replays with a leading seed axis), brought up to date; None
+    when no field is named."""
+    if not names:
+        return None
+    mirror = getattr(owner, "_replay_mirror", None)
+    if mirror is None or mirror.names != names:
+        seed_axis = getattr(owner, "_lanes", None) is not None
+        mirror = owner._replay_mirror = ReplayMirror(names, put, seed_axis)
+    return mirror.stores(replays)
+
+
 class ReplayMirror:
     """Copies of fields of one replay, or of S replays (a leading seed axis, ``seed_axis``), in device
     memory, brought up to date before each training call: entries are only appended (at absolute index

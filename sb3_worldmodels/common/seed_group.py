@@ -49,7 +49,7 @@ from sb3_worldmodels.common import safe_io
 from sb3_worldmodels.common.agent_hooks import AgentHooks
 from sb3_worldmodels.common.boundary import AgentObservation, map_observation
 from sb3_worldmodels.common.callbacks import WorldModelCallback, record_extra_metrics, walk_callbacks
-from sb3_worldmodels.common.device_replay import ReplayMirror, fields_on_device
+from sb3_worldmodels.common.device_replay import fields_on_device, updated_copies
 from sb3_worldmodels.common.group_calls import (
     GroupCall,
     GroupRound,
@@ -512,13 +512,8 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
     def _group_device_stores(self) -> dict[str, Any] | None:
         """The device copies of the seeds' replay fields, with a leading seed axis (None: none)."""
         assert self._lanes is not None
-        names = self._group_device_fields()
-        if not names:
-            return None
-        mirror = getattr(self, "_replay_mirror", None)
-        if mirror is None or mirror.names != names:
-            mirror = self._replay_mirror = ReplayMirror(names, self._on_devices, seed_axis=True)
-        return mirror.stores([lane.replay_buffer for lane in self._lanes])
+        replays = [lane.replay_buffer for lane in self._lanes]
+        return updated_copies(self, self._group_device_fields(), self._on_devices, replays)
 
     def _train_before_step(self) -> None:
         """One model's: ``Trainer._train_before_step``. A group's: the seeds' training call of the coming

@@ -30,7 +30,7 @@ from sb3_worldmodels.blocks.seeds import counted_updates
 from sb3_worldmodels.blocks.stored_rows import with_stored_rows
 from sb3_worldmodels.common.agent_hooks import AgentHooks
 from sb3_worldmodels.common.callbacks import WorldModelCallback, record_extra_metrics
-from sb3_worldmodels.common.device_replay import ReplayMirror, fields_on_device
+from sb3_worldmodels.common.device_replay import fields_on_device, updated_copies
 from sb3_worldmodels.common.policy import JaxPolicy
 from sb3_worldmodels.common.processes import ProcessSpan
 
@@ -417,13 +417,7 @@ class Trainer(ProcessSpan, AgentHooks, OffPolicyAlgorithm):
 
     def _device_stores(self) -> dict[str, Any] | None:
         """The device copies of :meth:`_device_fields` (None: none), brought up to date."""
-        names = self._device_fields()
-        if not names:
-            return None
-        mirror = getattr(self, "_replay_mirror", None)
-        if mirror is None or mirror.names != names:
-            mirror = self._replay_mirror = ReplayMirror(names, jax.device_put, seed_axis=False)
-        return mirror.stores([self.replay_buffer])
+        return updated_copies(self, self._device_fields(), jax.device_put, [self.replay_buffer])
 
     def _refuse_non_finite_update(self, metrics: dict[str, np.ndarray], done: int) -> None:
         """Raise NonFiniteUpdateError when any update of a chunk has a non-finite metric (every loss
