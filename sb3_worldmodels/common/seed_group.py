@@ -482,11 +482,12 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
         assert self._lanes is not None
         counts = np.clip(round_.owed - done, 0, k)
         agent_state = self._with_learning_rates(kept, rates, self._on_devices(rates))
-        self._group_device_fields()
+        fields = self._group_device_fields()  # before the draws: each lane draws those fields' slots
         batches = [
             lane._training_batch(int(c)) if c else None for lane, c in zip(self._lanes, counts, strict=True)
         ]
-        stores = self._group_device_stores()  # after the draws: every entry they can name is stored
+        replays = [lane.replay_buffer for lane in self._lanes]
+        stores = updated_copies(self, fields, self._on_devices, replays)  # every entry drawn is stored
         batch = stack_trees(
             padded_batches([b.batch if b else None for b in batches], self._lanes[0]._updates_per_call)
         )
@@ -508,12 +509,6 @@ class SeedGroup(SeedLanes, AgentHooks, OffPolicyAlgorithm):
         for lane in self._lanes:
             lane._decided_device_fields = decided
         return decided
-
-    def _group_device_stores(self) -> dict[str, Any] | None:
-        """The device copies of the seeds' replay fields, with a leading seed axis (None: none)."""
-        assert self._lanes is not None
-        replays = [lane.replay_buffer for lane in self._lanes]
-        return updated_copies(self, self._group_device_fields(), self._on_devices, replays)
 
     def _train_before_step(self) -> None:
         """One model's: ``Trainer._train_before_step``. A group's: the seeds' training call of the coming
