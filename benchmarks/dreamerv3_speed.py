@@ -21,7 +21,7 @@ training calls with their transfers and latent write-backs) and the rest of SB3'
 ``--reference-src`` (a checkout of danijar/dreamerv3 at 2411f7d + fix 29eb964, holding ``dreamerv3/``
 and ``embodied/``) and ``--reference-python`` (a Python with its dependencies: jax 0.4.26, optax,
 chex, tensorflow-probability 0.24, ...) add the reference's jitted training step to an ``update-1m``
-run: built in a worker process (``reference_dreamerv3_worker.py``) with the same sizes, batch and
+or ``update-1m-pixels`` run: built in a worker process (``reference_dreamerv3_worker.py``) with the same sizes, batch and
 spaces, its calls and ours timed round robin (``--repeats`` rounds), so that a busy neighbour on the
 CPU slows both alike:
 
@@ -255,12 +255,13 @@ def run_update(
 
 
 def start_reference(
-    src: str, python: str, batch_size: int, batch_length: int, compute_dtype: str
+    src: str, python: str, batch_size: int, batch_length: int, compute_dtype: str, pixels: bool = False
 ) -> subprocess.Popen:
     """The reference's worker process (``reference_dreamerv3_worker.py``), compiling in the background."""
     worker = Path(__file__).with_name("reference_dreamerv3_worker.py")
     command = [python, str(worker), "--src", src, "--batch-size", str(batch_size)]
     command += ["--batch-length", str(batch_length), "--compute-dtype", compute_dtype]
+    command += ["--pixels"] if pixels else []
     return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
 
 
@@ -282,13 +283,20 @@ def ask(proc: subprocess.Popen, what: str) -> float:
 
 
 def run_side_by_side(
-    batch_size: int, batch_length: int, repeats: int, compute_dtype: str, src: str, python: str
+    batch_size: int,
+    batch_length: int,
+    repeats: int,
+    compute_dtype: str,
+    src: str,
+    python: str,
+    pixels: bool = False,
 ) -> list[dict]:
-    """Ours and the reference's "1m" update, timed round robin: two rows and their ratio."""
+    """Ours and the reference's "1m" update (``pixels``: from 64 x 64 x 3 images), timed round robin:
+    two rows and their ratio."""
     dtype = resolve_compute_dtype(compute_dtype, ACCELERATOR_DTYPE)  # the reference at the same dtype
-    proc = start_reference(src, python, batch_size, batch_length, dtype)
+    proc = start_reference(src, python, batch_size, batch_length, dtype, pixels)
     try:
-        built = build_update("1m", batch_size, batch_length, compute_dtype=compute_dtype)
+        built = build_update("1m", batch_size, batch_length, pixels, compute_dtype)
         ready = reference_ready(proc)
         ours, theirs = [], []
         load_before = os.getloadavg()[0]
@@ -370,10 +378,16 @@ def main() -> None:
     if args.conv_method:  # before the first program is traced
         DEFAULT_CONV_METHOD[jax.default_backend()] = args.conv_method
     if args.reference_src:
-        if args.config != "update-1m":
-            parser.error("--reference-src times the update-1m configuration")
+        if args.config not in ("update-1m", "update-1m-pixels"):
+            parser.error("--reference-src times the update-1m and update-1m-pixels configurations")
         results = run_side_by_side(
-            16, 64, args.repeats, args.compute_dtype, args.reference_src, args.reference_python
+            16,
+            64,
+            args.repeats,
+            args.compute_dtype,
+            args.reference_src,
+            args.reference_python,
+            pixels=args.config.endswith("-pixels"),
         )
     elif args.config.startswith("update-"):
         size = args.config.split("-")[1]

@@ -13,7 +13,8 @@ answers each stdin line ``update`` with the seconds of one ``agent.train(batch, 
 step with the wrapper's bookkeeping, until the new parameters are ready), timed inside this
 process, or ``peak_rss_mb``.
 
-``--platform tpu`` (or ``gpu``) trains on that accelerator, ``--model-size 12m`` builds the "12m" sizes
+``--pixels`` observes 64 x 64 x 3 uint8 images (key ``image``, the reference's CNN encoder and decoder)
+instead of the 4-vector. ``--platform tpu`` (or ``gpu``) trains on that accelerator, ``--model-size 12m`` builds the "12m" sizes
 (deter 2048, hidden 256, classes 16, units 256, CNN depth 16), and ``--jax-shim`` lets it run on a
 newer JAX than its own (``reference_jax_shim.py``: JAX 0.10.2 with TensorFlow Probability 0.25; on a
 TPU host, which has no other JAX). On an accelerator only one process holds the device: time the
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--platform", default="cpu", choices=["cpu", "gpu", "tpu"])
     parser.add_argument("--model-size", default="1m", choices=sorted(SIZES))
+    parser.add_argument("--pixels", action="store_true", help="64 x 64 x 3 uint8 images, not a 4-vector")
     parser.add_argument("--jax-shim", action="store_true", help="run on a newer JAX (reference_jax_shim.py)")
     args = parser.parse_args()
 
@@ -78,8 +80,9 @@ def main() -> None:
             "logdir": "/dev/null",
         }
     )
+    observed = ("image", np.uint8, (64, 64, 3)) if args.pixels else ("vector", np.float32, (4,))
     obs_space = {
-        "vector": embodied.Space(np.float32, (4,)),
+        observed[0]: embodied.Space(observed[1], observed[2]),
         "reward": embodied.Space(np.float32),
         "is_first": embodied.Space(bool),
         "is_last": embodied.Space(bool),
@@ -93,7 +96,11 @@ def main() -> None:
     b, length = config.batch_size, config.batch_length
     rng = np.random.default_rng(0)
     data = {
-        "vector": rng.normal(size=(b, length, 4)).astype(np.float32),
+        observed[0]: (
+            rng.integers(0, 256, size=(b, length, *observed[2]), dtype=np.uint8)
+            if args.pixels
+            else rng.normal(size=(b, length, 4)).astype(np.float32)
+        ),
         "reward": rng.normal(size=(b, length)).astype(np.float32),
         "is_first": np.zeros((b, length), bool),
         "is_last": np.zeros((b, length), bool),
