@@ -18,11 +18,11 @@ The learning runs also report where the timed (post-compilation) seconds went: t
 policy step with its transfers, the replay writes, the replay sampling, the updates (the jitted
 training calls with their transfers and latent write-backs) and the rest of SB3's loop.
 
-``--reference-src`` (a checkout of danijar/dreamerv3 at 2411f7d + fix 29eb964, holding ``dreamerv3/``
-and ``embodied/``) and ``--reference-python`` (a Python with its dependencies: jax 0.4.26, optax,
-chex, tensorflow-probability 0.24, ...) add the reference's jitted training step to an ``update-1m``
-or ``update-1m-pixels`` run: built in a worker process (``reference_dreamerv3_worker.py``) with the same sizes, batch and
-spaces, its calls and ours timed round robin (``--repeats`` rounds), so that a busy neighbour on the
+``--reference-src`` (a checkout of danijar/dreamerv3 at 2411f7d + fix 29eb964, holding ``dreamerv3/`` and
+``embodied/``) and ``--reference-python`` (a Python with its dependencies: jax 0.4.26, optax, chex,
+tensorflow-probability 0.24, ...) add the reference's jitted training step to an ``update-1m`` or
+``update-1m-pixels`` run: built in a worker process (``reference_dreamerv3_worker.py``) with the same sizes,
+batch and spaces, its calls and ours timed round robin (``--repeats`` rounds), so that a busy neighbour on the
 CPU slows both alike:
 
     python benchmarks/dreamerv3_speed.py --config update-1m --repeats 15 \

@@ -14,11 +14,11 @@ step with the wrapper's bookkeeping, until the new parameters are ready), timed 
 process, or ``peak_rss_mb``.
 
 ``--pixels`` observes 64 x 64 x 3 uint8 images (key ``image``, the reference's CNN encoder and decoder)
-instead of the 4-vector. ``--platform tpu`` (or ``gpu``) trains on that accelerator, ``--model-size 12m`` builds the "12m" sizes
-(deter 2048, hidden 256, classes 16, units 256, CNN depth 16), and ``--jax-shim`` lets it run on a
-newer JAX than its own (``reference_jax_shim.py``: JAX 0.10.2 with TensorFlow Probability 0.25; on a
-TPU host, which has no other JAX). On an accelerator only one process holds the device: time the
-reference and ours one after the other, each worker answering a list of ``update`` lines, e.g.
+instead of the 4-vector. ``--platform tpu`` (or ``gpu``) trains on that accelerator, ``--model-size 12m``
+builds the "12m" sizes (deter 2048, hidden 256, classes 16, units 256, CNN depth 16), and ``--jax-shim`` lets
+it run on a newer JAX than its own (``reference_jax_shim.py``: JAX 0.10.2 with TensorFlow Probability 0.25; on
+a TPU host, which has no other JAX). On an accelerator only one process holds the device: time the reference
+and ours one after the other, each worker answering a list of ``update`` lines, e.g.
 
     (for i in $(seq 12); do echo update; done) | python benchmarks/reference_dreamerv3_worker.py \
         --src REF --platform tpu --jax-shim --compute-dtype bfloat16
