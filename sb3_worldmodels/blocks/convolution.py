@@ -180,6 +180,9 @@ def conv2d(
         size = (h - k) // stride + 1
         if h % _BLOCK:
             x = jnp.pad(x, ((0, 0), (0, 1), (0, 1), (0, 0)))
+        # The whole padded block output, then cropped: XLA:CPU runs a block convolution whose output
+        # side equals its input's 3-5x faster than the smaller VALID one (forward and weight gradient;
+        # TD-MPC2's first layer, 64x64: docs/lab/notes.md "Pixel convolutions on a CPU").
         return _conv2d_blocks(x, kernel, stride, False, 0)[:, :size, :size]
     low, _ = same_pads(h, k, stride, transpose)
     return _conv2d_blocks(x, kernel, stride, transpose, low)
