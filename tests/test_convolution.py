@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -84,21 +86,27 @@ def test_conv_stride1_gradients_inside_a_scan_equal_lax():
 
 @pytest.mark.parametrize("images", [8, 11])
 @pytest.mark.parametrize("case", [(16, 9, 4, 7, 2, False, "VALID"), (8, 3, 2, 4, 2, True, "SAME")])
-def test_weight_gradient_over_chunks_of_images_equals_lax(monkeypatch, images, case):
-    """The kernel gradient summed over chunks of images (4 here; a batch of 11 is zero-padded to 12)
-    equals jax.lax's over the whole batch, for a VALID stride-2 convolution and a transposed one."""
-    monkeypatch.setattr(convolution, "WEIGHT_GRAD_IMAGES", 4)
+def test_chunks_of_images_equal_lax(monkeypatch, images, case):
+    """Values, input and kernel gradients computed over chunks of images (4 here; a batch of 11 is
+    zero-padded to 12) equal jax.lax's over the whole batch, for a VALID stride-2 convolution and a
+    transposed one."""
+    monkeypatch.setattr(convolution, "CHUNK_IMAGES", 4)
     side, cin, cout, k, stride, transpose, padding = case
     rng = np.random.default_rng(images)
     x = jnp.asarray(rng.normal(size=(images, side, side, cin)), jnp.float32)
     kernel = jnp.asarray(rng.normal(size=(k, k, cin, cout)), jnp.float32)
-    weights = jnp.asarray(rng.normal(size=lax_conv(x, kernel, stride, transpose, padding).shape), jnp.float32)
+    theirs = lax_conv(x, kernel, stride, transpose, padding)
+    blocks = functools.partial(conv2d, method="blocks")
+    ours = jax.jit(lambda x, kernel: blocks(x, kernel, stride, transpose, padding))(x, kernel)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+    weights = jnp.asarray(rng.normal(size=theirs.shape), jnp.float32)
 
     def loss(conv):
-        return lambda kernel: jnp.sum(weights * conv(x, kernel, stride, transpose, padding))
+        return lambda x, kernel: jnp.sum(weights * conv(x, kernel, stride, transpose, padding))
 
-    ours = jax.jit(jax.grad(loss(lambda *a: conv2d(*a, method="blocks"))))(kernel)
-    np.testing.assert_allclose(ours, jax.grad(loss(lax_conv))(kernel), rtol=1e-4, atol=1e-4)
+    ours_grads = jax.jit(jax.grad(loss(blocks), (0, 1)))(x, kernel)
+    for g_ours, g_theirs in zip(ours_grads, jax.grad(loss(lax_conv), (0, 1))(x, kernel), strict=True):
+        np.testing.assert_allclose(g_ours, g_theirs, rtol=1e-4, atol=1e-4)
 
 
 def test_bad_padding_is_refused():
