@@ -56,16 +56,20 @@ def _correlate(x: Array, kernel: Array, pads: tuple[int, int]) -> Array:
     return jax.lax.conv_general_dilated(x, kernel, (1, 1), [pads, pads], dimension_numbers=_NUMBERS)
 
 
-def _over_chunks(fn: Callable[[Array], Array], x: Array) -> Array:
-    """``fn`` over chunks of :data:`CHUNK_IMAGES` images of ``x`` (N, ...), stacked back (a batch of
-    more is zero-padded to whole chunks, and the padding's results dropped)."""
+def _chunked(x: Array) -> Array:
+    """``x`` (N, ...) zero-padded to whole chunks of :data:`CHUNK_IMAGES` images: (chunks, m, ...)."""
     n, m = x.shape[0], CHUNK_IMAGES
-    if n <= m:
-        return fn(x)
     chunks = -(-n // m)
-    padded = jnp.pad(x, [(0, chunks * m - n)] + [(0, 0)] * (x.ndim - 1))
-    out = jax.lax.map(fn, padded.reshape(chunks, m, *x.shape[1:]))
-    return out.reshape(chunks * m, *out.shape[2:])[:n]
+    return jnp.pad(x, [(0, chunks * m - n)] + [(0, 0)] * (x.ndim - 1)).reshape(chunks, m, *x.shape[1:])
+
+
+def _over_chunks(fn: Callable[[Array], Array], x: Array) -> Array:
+    """``fn`` over chunks of :data:`CHUNK_IMAGES` images of ``x`` (N, ...), stacked back (the zero
+    padding's results dropped)."""
+    if x.shape[0] <= CHUNK_IMAGES:
+        return fn(x)
+    out = jax.lax.map(fn, _chunked(x))
+    return out.reshape(-1, *out.shape[2:])[: x.shape[0]]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -103,17 +107,14 @@ def _weight_grad(x: Array, grad: Array, pads: tuple[int, int]) -> Array:
     def correlate(xs: Array, gs: Array) -> Array:  # (m, ...) images → (I, k, k, O)
         return _correlate(jnp.transpose(xs, (3, 1, 2, 0)), jnp.transpose(gs, (1, 2, 0, 3)), pads)
 
-    n, m = x.shape[0], CHUNK_IMAGES
-    if n <= m:
+    if x.shape[0] <= CHUNK_IMAGES:
         dkernel = correlate(x, grad)
     else:
-        chunks = -(-n // m)
-        x, grad = (jnp.pad(a, [(0, chunks * m - n)] + [(0, 0)] * 3) for a in (x, grad))
 
         def add(total: Array, pair: tuple[Array, Array]) -> tuple[Array, None]:
             return total + correlate(*pair), None
 
-        xs, gs = (a.reshape(chunks, m, *a.shape[1:]) for a in (x, grad))
+        xs, gs = _chunked(x), _chunked(grad)
         dkernel, _ = jax.lax.scan(add, correlate(xs[0], gs[0]), (xs[1:], gs[1:]))
     return jnp.transpose(dkernel, (1, 2, 0, 3))
 
