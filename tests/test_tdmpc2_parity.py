@@ -205,7 +205,10 @@ def test_three_updates_match_reference():
             ref = io[p + name]
             ours = np.asarray(aux["internals"][name]).reshape(ref.shape)
             if k == 1:  # same parameters in: float32 agreement
-                close(ours, ref, atol=2e-5, err=f"{name} {k}")
+                # A Q value is the two-hot expectation over 101 bins of up to 10 in magnitude: its
+                # float32 rounding depends on the CPU's summation order, up to about 101 * 10 * 6e-8.
+                atol = 6e-5 if name == "pi_step_q_avg_unscaled" else 2e-5
+                close(ours, ref, atol=atol, err=f"{name} {k}")
             else:  # parameters after Adam steps (see close_mostly)
                 close(ours, ref, rtol=1e-4, atol=5e-4, err=f"{name} {k}")
         close(aux["internals"]["pi_step_log_pi"], io[p + "pi_step_log_pi"][..., 0], rtol=1e-4, atol=1e-3)
