@@ -226,8 +226,27 @@ EXTENDED_TESTS = {
     "test_compile_cache.py::test_a_second_process_loads_every_agent_program_the_first_compiled": (
         "a tiny TD-MPC2 compiled and trained in a fresh process, then loaded from the cache in another"
     ),
-    "test_devices.py::test_a_tdmpc2_group_sharded_over_4_devices_equals_it_on_one": (
-        "a group compiled and run in two fresh processes, on 4 devices and on 1"
+    "test_devices.py::"
+    "test_a_pixel_group_with_its_replays_in_device_memory_sharded_over_4_devices_equals_it_on_one": (
+        "a pixel group compiled and run in two fresh processes, on 4 devices and on 1 (the vector group "
+        "stays in the first tier)"
+    ),
+    "test_replay_on_device.py::test_a_seed_group_trains_the_same_from_device_copies_of_its_observations": (
+        "a seed group trained twice through learn (one model's stays in the first tier)"
+    ),
+    "test_benchmarks_learning.py::"
+    "test_a_seed_group_check_with_its_envs_in_processes_equals_it_in_one_process": (
+        "a learning check's smoke run of a seed group, twice (an evaluation in processes stays in the "
+        "first tier)"
+    ),
+    "test_gather_free.py::test_unrolled_scans_give_the_same_update_and_acting_step[dreamerv3]": (
+        "DreamerV3's update and acting step compiled rolled and unrolled (TD-MPC2's stay in the first tier)"
+    ),
+    "test_sb3_drop_in.py::test_save_load_policy[DreamerV3]": (
+        "SB3's save_load_policy test on DreamerV3 (TD-MPC2's stays in the first tier)"
+    ),
+    "test_replay_memory.py::test_a_replay_over_half_the_memory_warns_and_runs[tdmpc2]": (
+        "a TD-MPC2 trained on a replay over half the memory (DreamerV3's stays in the first tier)"
     ),
     "test_devices.py::test_a_dreamerv3_group_of_2_seeds_on_a_host_of_4_devices_equals_it_on_one": (
         "a group compiled and run in two fresh processes, on 4 devices and on 1"
