@@ -38,6 +38,8 @@ from collections.abc import Iterator
 
 import pytest
 
+pytest_plugins = ["tests.slowest_first"]  # test files slowest first (its docstring)
+
 _OWNED_CACHE: list[str] = []
 
 os.environ["SB3WM_COMPILATION_CACHE"] = "off"  # see the module docstring
@@ -322,6 +324,15 @@ EXTENDED_TESTS = {
     ),
     "test_seeds_core.py::test_a_group_of_seeds_trains_as_each_seed_alone[tdmpc2-vector]": (
         "TD-MPC2's update compiled over seeds and alone (its plan's equality stays in the first tier)"
+    ),
+    "test_sb3_drop_in.py::test_save_load_replay_buffer[DreamerV3]": (
+        "SB3's replay-buffer save/load test on DreamerV3 (TD-MPC2's stays in the first tier)"
+    ),
+    "test_boundary_fidelity.py::test_every_matmul_is_pinned_to_float32[dreamerv3]": (
+        "DreamerV3's update and acting step lowered (TD-MPC2's stay in the first tier)"
+    ),
+    "test_mesa_bundle.py::test_the_bundle_renders_from_its_own_folder_as_the_system_does": (
+        "Mesa packed and dm_control rendered in subprocesses with it and with the system's"
     ),
     "test_breaks.py::test_each_tdmpc2_switch_changes_its_term": (
         "TD-MPC2's update compiled once per break switch (tools/break_one_term.py runs every break)"
