@@ -1,10 +1,16 @@
-.PHONY: install test lint format bench quickstart docs postgres
+.PHONY: install test test-extended test-durations lint format bench quickstart docs postgres
 
 install:
 	pip install "torch==2.13.0" -e ".[test,zoo]"
 
 test:
 	python -m pytest -q
+
+test-extended:  # CI's second tier (tests/conftest.py)
+	python -m pytest -q -m extended
+
+test-durations:  # both tiers, recording each test's time (tests/slowest_first.py orders files by them)
+	python -m pytest -q --store-durations && python -m pytest -q -m extended --store-durations
 
 lint:
 	ruff check sb3_worldmodels tests benchmarks examples tools

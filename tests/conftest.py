@@ -331,6 +331,12 @@ EXTENDED_TESTS = {
     "test_boundary_fidelity.py::test_every_matmul_is_pinned_to_float32[dreamerv3]": (
         "DreamerV3's update and acting step lowered (TD-MPC2's stay in the first tier)"
     ),
+    "test_sb3_drop_in.py::test_warn_buffer[DreamerV3]": (
+        "SB3's replay-buffer warning test on DreamerV3 (TD-MPC2's stays in the first tier)"
+    ),
+    "test_dreamerv3_sb3.py::test_world_model_callback_phases": (
+        "DreamerV3 trained with callbacks twice (tests/test_family.py follows every agent's callbacks)"
+    ),
     "test_mesa_bundle.py::test_the_bundle_renders_from_its_own_folder_as_the_system_does": (
         "Mesa packed and dm_control rendered in subprocesses with it and with the system's"
     ),
