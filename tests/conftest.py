@@ -5,7 +5,9 @@ of seconds), and many test files build the same tiny configurations: the pytest-
 the ``rl_zoo3`` subprocesses all inherit ``JAX_COMPILATION_CACHE_DIR`` set here, so a computation
 compiled by one is loaded by the others. The cache is keyed by the compiled program itself, so a hit
 can only return the same executable. A run that sets ``JAX_COMPILATION_CACHE_DIR`` itself keeps it;
-``SB3WM_TEST_JAX_CACHE=0`` switches the shared cache off.
+``SB3WM_TEST_JAX_CACHE=0`` switches the shared cache off; ``SB3WM_TEST_JAX_CACHE=/some/dir`` puts it in
+that folder and keeps it after the run, so that CI's second tier (``.ci/run``) loads the programs its
+first tier compiled.
 
 The package's own default cache (``sb3_worldmodels.blocks.compile_cache``: a folder of the user's cache
 directory) is switched off for the whole run (``SB3WM_COMPILATION_CACHE=off``, inherited by the workers
@@ -55,10 +57,15 @@ if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: it inherited the controller's settings
         return
-    if os.environ.get("SB3WM_TEST_JAX_CACHE") == "0" or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    chosen = os.environ.get("SB3WM_TEST_JAX_CACHE", "")
+    if chosen == "0" or "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
-    cache = tempfile.mkdtemp(prefix="sb3wm-jax-cache-")
-    _OWNED_CACHE.append(cache)
+    if chosen:
+        os.makedirs(chosen, mode=0o700, exist_ok=True)
+        cache = chosen
+    else:
+        cache = tempfile.mkdtemp(prefix="sb3wm-jax-cache-")
+        _OWNED_CACHE.append(cache)
     os.environ.update(
         JAX_COMPILATION_CACHE_DIR=cache,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
